@@ -1,0 +1,5 @@
+import sys
+
+from dayzero.cli import main
+
+sys.exit(main())

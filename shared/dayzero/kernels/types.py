@@ -1,0 +1,46 @@
+"""Weight containers passed to kernel ops (one layout contract for every backend).
+
+FP8 weights are float8_e4m3fn with one fp32 scale per 128x128 block (dequant = w * scale). Edge
+blocks are partial (2880 = 22*128 + 64): the scale of a partial block covers only the real
+rows/columns; nothing is padded in storage. A backend that wants padded or re-laid-out copies makes
+them once and keeps them in ``derived`` (keyed by the backend's own names).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import torch
+
+BLOCK = 128  # FP8 weight block (rows and columns) and activation group size
+
+
+@dataclass
+class LinearWeight:
+    weight: torch.Tensor                 # [N, K] (out, in): fp32/bf16, or float8_e4m3fn
+    bias: torch.Tensor | None = None     # [N]
+    scale: torch.Tensor | None = None    # [ceil(N/128), ceil(K/128)] fp32 when weight is fp8
+    derived: dict = field(default_factory=dict)
+
+    @property
+    def is_fp8(self) -> bool:
+        return self.weight.dtype == torch.float8_e4m3fn
+
+
+@dataclass
+class ExpertWeights:
+    gate_up: torch.Tensor                # [E, 2I, H]; rows interleaved: gate = even rows, up = odd rows
+    gate_up_bias: torch.Tensor           # [E, 2I]
+    down: torch.Tensor                   # [E, H, I]
+    down_bias: torch.Tensor              # [E, H]
+    gate_up_scale: torch.Tensor | None = None  # [E, ceil(2I/128), ceil(H/128)] when fp8
+    down_scale: torch.Tensor | None = None     # [E, ceil(H/128), ceil(I/128)] when fp8
+    derived: dict = field(default_factory=dict)
+
+    @property
+    def is_fp8(self) -> bool:
+        return self.gate_up.dtype == torch.float8_e4m3fn
+
+    @property
+    def num_experts(self) -> int:
+        return self.gate_up.shape[0]
