@@ -19,11 +19,12 @@ _BACKEND_MODULES: dict[str, tuple[str, ...]] = {
 }
 
 OP_NAMES = (
-    "rms_norm",          # (x [T,H], w [H], eps) -> [T,H]
+    # full contracts (dtypes, edge cases): docstrings in torch_ops.py / torch_attention.py
+    "rms_norm",          # (x [T,H], w [H], eps) -> [T,H] x.dtype
     "attention",         # see torch_attention.attention
     "store_kv",          # see torch_attention.store_kv
-    "linear",            # (x [T,K], weight: LinearWeight) -> [T,N]
-    "router_topk",       # (logits [T,E], k) -> (weights [T,k] float, ids [T,k] int64)
+    "linear",            # (x [T,K], weight: LinearWeight, x_scale=None [T,ceil(K/128)], out_dtype=None) -> [T,N]
+    "router_topk",       # (logits [T,E], k) -> (weights [T,k] logits.dtype, ids [T,k] int64)
     "moe_experts",       # (x [T,H], weights [T,k], ids [T,k], experts: ExpertWeights, limit) -> [T,H]
     "rope",              # (q [T,Hq,D], k [T,Hkv,D], cos [P,D/2], sin [P,D/2], positions [T]) -> (q, k)
     "rms_norm_quant",    # (x [T,H], w [H], eps) -> (x_fp8 [T,H], scale [T, ceil(H/128)]) per-token 1x128 groups
