@@ -203,7 +203,7 @@ PRESETS: dict[str, ModelConfig] = {
     # tiny2: differs from tiny in layers, experts and top-k (test oracle comparisons)
     "tiny2": ModelConfig(vocab_size=4096, hidden_size=96, intermediate_size=64, num_hidden_layers=3,
                          num_attention_heads=4, num_key_value_heads=1, head_dim=32, num_local_experts=6,
-                         num_experts_per_tok=3),
+                         num_experts_per_tok=3, eos_token_id=4094, pad_token_id=4095),
 }
 
 
