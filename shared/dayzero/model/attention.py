@@ -1,0 +1,73 @@
+"""Attention layer of gpt-oss: q/k/v/o projections with biases, YaRN rope, paged attention with
+per-head sinks (full or 128-token sliding window), all through kernel ops."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+from torch import nn
+
+from dayzero.config import ModelConfig
+from dayzero.kernels.registry import Ops
+
+from .layers import Linear, ParallelConfig, Precision, plain_param
+from .rope import RopeTables
+
+
+@dataclass
+class ForwardBatch:
+    """Everything a forward pass needs besides token ids (built by the model runner).
+
+    The batch is B sequences; sequence b contributes ``cu_seqlens_q[b+1]-cu_seqlens_q[b]`` new tokens
+    (a prefill chunk, or 1 for decode) after ``cached_lens[b]`` tokens already in the KV cache.
+    """
+
+    positions: torch.Tensor             # [T] int64
+    cu_seqlens_q: torch.Tensor          # [B+1] int32
+    cached_lens: torch.Tensor           # [B] int32
+    block_tables_full: torch.Tensor     # [B, MB] int32
+    block_tables_sliding: torch.Tensor  # [B, MB] int32 (logical j -> ring[j % R])
+    slots_full: torch.Tensor            # [T] int64 (-1: do not store)
+    slots_sliding: torch.Tensor         # [T] int64 (-1: older than the window, not stored)
+    kv_caches: list[tuple[torch.Tensor, torch.Tensor]]  # per layer (k_cache, v_cache) [NB, BS, Hkv, D]
+
+
+class Attention(nn.Module):
+    def __init__(self, cfg: ModelConfig, layer: int, prec: Precision, par: ParallelConfig, device) -> None:
+        super().__init__()
+        pre = f"model.layers.{layer}.self_attn"
+        tp = par.tp_size
+        if cfg.num_key_value_heads % tp:
+            raise ValueError(f"{cfg.num_key_value_heads} KV heads cannot be split over TP={tp}")
+        self.layer = layer
+        self.par = par
+        self.num_heads = cfg.num_attention_heads // tp
+        self.num_kv_heads = cfg.num_key_value_heads // tp
+        self.head_dim = D = cfg.head_dim
+        self.scale = D ** -0.5
+        self.window = cfg.sliding_window if cfg.is_sliding(layer) else 0
+        col = ("column", par.tp_rank, tp)
+        H = cfg.hidden_size
+        self.q_proj = Linear(f"{pre}.q_proj", H, cfg.q_size, True, prec.act, prec.fp8, device, col)
+        self.k_proj = Linear(f"{pre}.k_proj", H, cfg.kv_size, True, prec.act, prec.fp8, device, col)
+        self.v_proj = Linear(f"{pre}.v_proj", H, cfg.kv_size, True, prec.act, prec.fp8, device, col)
+        self.o_proj = Linear(f"{pre}.o_proj", cfg.q_size, H, True, prec.act, prec.fp8, device,
+                             ("row", par.tp_rank, tp))
+        self.sinks = plain_param(f"{pre}.sinks", (self.num_heads,), torch.float32, device, (0, par.tp_rank, tp))
+
+    def forward(self, ops: Ops, x: torch.Tensor, x_scale: torch.Tensor | None, fb: ForwardBatch,
+                rope: RopeTables) -> torch.Tensor:
+        """x: normalized hidden ``[T, H]`` (or its FP8 quantization with ``x_scale``) -> ``[T, H]``."""
+        T = x.shape[0]
+        q = ops.linear(x, self.q_proj.lw, x_scale).view(T, self.num_heads, self.head_dim)
+        k = ops.linear(x, self.k_proj.lw, x_scale).view(T, self.num_kv_heads, self.head_dim)
+        v = ops.linear(x, self.v_proj.lw, x_scale).view(T, self.num_kv_heads, self.head_dim)
+        q, k = ops.rope(q, k, rope.cos, rope.sin, fb.positions)
+        k_cache, v_cache = fb.kv_caches[self.layer]
+        sliding = self.window > 0
+        tables = fb.block_tables_sliding if sliding else fb.block_tables_full
+        o = ops.attention(q, k, v, k_cache, v_cache, tables, fb.cu_seqlens_q, fb.cached_lens, self.sinks,
+                          self.scale, self.window)                                   # [T, Hq, D]
+        ops.store_kv(k, v, k_cache, v_cache, fb.slots_sliding if sliding else fb.slots_full)
+        return self.par.reduce(ops.linear(o.reshape(T, -1), self.o_proj.lw))

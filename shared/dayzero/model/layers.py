@@ -1,0 +1,190 @@
+"""Engine building blocks whose parameters load themselves (nano-vllm style).
+
+Every parameter carries ``param.weight_loader(loaded, scale=None)``: it checks the shape, takes
+this rank's shard (tensor parallel), converts the dtype, quantizes to FP8 (128x128 blocks) when the
+parameter is FP8 and the source is not, or dequantizes when the source is FP8 and the parameter is
+not, and copies in place. ``scale`` is the fp32 block scale of an FP8 source tensor.
+Modules are built directly on their device and never moved afterwards: the ``LinearWeight`` and
+``ExpertWeights`` handed to kernel ops are views of the parameters.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Callable
+
+import torch
+from torch import nn
+
+from dayzero.kernels.types import BLOCK, LinearWeight
+
+FP8 = torch.float8_e4m3fn
+
+
+class WeightLoadError(ValueError):
+    """A tensor that does not fit its parameter; the message names the tensor."""
+
+
+@dataclass(frozen=True)
+class Precision:
+    """``float32`` | ``bfloat16`` | ``fp8`` (FP8 block-scaled linears/experts, bf16 everything else)."""
+
+    name: str
+
+    def __post_init__(self) -> None:
+        if self.name not in ("float32", "bfloat16", "fp8"):
+            raise ValueError(f"unknown dtype {self.name!r}; choose float32, bfloat16 or fp8")
+
+    @property
+    def act(self) -> torch.dtype:
+        return torch.float32 if self.name == "float32" else torch.bfloat16
+
+    @property
+    def fp8(self) -> bool:
+        return self.name == "fp8"
+
+
+@dataclass(frozen=True)
+class ParallelConfig:
+    """Where this process sits: TP splits heads and dense projections, EP places experts.
+    ``all_reduce(x)`` sums a tensor in place over the group of ranks (one group holds the TP and
+    the EP split of a worker, as in the seed's "TP-only" dispatch); None when alone."""
+
+    tp_rank: int = 0
+    tp_size: int = 1
+    ep_rank: int = 0
+    ep_size: int = 1
+    all_reduce: Callable[[torch.Tensor], None] | None = None
+
+    def reduce(self, x: torch.Tensor) -> torch.Tensor:
+        if self.all_reduce is not None and (self.tp_size > 1 or self.ep_size > 1):
+            self.all_reduce(x)
+        return x
+
+
+def _param(shape, dtype, device) -> nn.Parameter:
+    return nn.Parameter(torch.empty(shape, dtype=dtype, device=device), requires_grad=False)
+
+
+def _check_shape(name: str, got: torch.Size, want: tuple[int, ...]) -> None:
+    if tuple(got) != tuple(want):
+        raise WeightLoadError(f"tensor {name}: shape {list(got)} does not match the model's {list(want)}")
+
+
+def _fp8mod():
+    from dayzero.weights import fp8
+
+    return fp8
+
+
+def load_dense_or_fp8(name: str, dst: nn.Parameter, dst_scale: nn.Parameter | None, loaded: torch.Tensor,
+                      scale: torch.Tensor | None, full_shape: tuple[int, ...], shard: tuple[int, int, int] | None) -> None:
+    """Copy ``loaded`` (full tensor, shape ``full_shape``) into ``dst`` (+ ``dst_scale`` when FP8).
+
+    shard = (dim, rank, size): take slice ``rank`` of ``size`` along ``dim`` (dim counted from the end
+    is not allowed). FP8 sources must shard on 128-block boundaries.
+    """
+    _check_shape(name, loaded.shape, full_shape)
+    src_fp8 = loaded.dtype == FP8
+    if src_fp8 and scale is None:
+        raise WeightLoadError(f"tensor {name}: float8 tensor without its {name}_scale companion")
+    if src_fp8:
+        want = tuple(math.ceil(s / BLOCK) for s in full_shape[-2:])
+        _check_shape(f"{name}_scale", scale.shape, tuple(full_shape[:-2]) + want)
+    if shard is not None and shard[2] > 1:
+        dim, rank, size = shard
+        n = full_shape[dim] // size
+        if src_fp8:
+            if n % BLOCK and dim >= len(full_shape) - 2:
+                raise WeightLoadError(f"tensor {name}: shard of {n} along dim {dim} is not a multiple of {BLOCK}")
+            if dim >= len(full_shape) - 2:
+                scale = scale.narrow(dim, rank * n // BLOCK, n // BLOCK)
+            else:
+                scale = scale.narrow(dim, rank * n, n)
+        loaded = loaded.narrow(dim, rank * n, n)
+    if dst.dtype == FP8:
+        if src_fp8:
+            q, s = loaded, scale
+        else:
+            q, s = _fp8mod().quantize_weight_block(loaded.to(dst.device, torch.float32))
+        dst.data.copy_(q.to(dst.device))
+        dst_scale.data.copy_(s.to(dst.device, torch.float32))
+    else:
+        if src_fp8:
+            loaded = _fp8mod().dequantize_weight_block(loaded, scale)
+        dst.data.copy_(loaded.to(dst.device, dst.dtype))
+
+
+class Linear(nn.Module):
+    """``y = x W^T + b`` with W ``[N, K]``; FP8 block-scaled when ``fp8``.
+
+    tp = (mode, rank, size): mode "column" shards N (outputs), "row" shards K (inputs; the caller
+    all-reduces, and only rank 0 adds the bias); None = replicated.
+    """
+
+    def __init__(self, name: str, in_features: int, out_features: int, bias: bool, dtype: torch.dtype,
+                 fp8: bool, device, tp: tuple[str, int, int] | None = None) -> None:
+        super().__init__()
+        self.name = name
+        self.full_shape = (out_features, in_features)
+        mode, rank, size = tp or ("none", 0, 1)
+        self.tp = (mode, rank, size)
+        N = out_features // size if mode == "column" else out_features
+        K = in_features // size if mode == "row" else in_features
+        self.weight = _param((N, K), FP8 if fp8 else dtype, device)
+        self.weight_scale = _param((math.ceil(N / BLOCK), math.ceil(K / BLOCK)), torch.float32, device) if fp8 else None
+        self.bias = _param((N,), dtype, device) if bias else None
+        self.weight.weight_loader = self._load_weight
+        if self.bias is not None:
+            self.bias.weight_loader = self._load_bias
+        self.lw = LinearWeight(weight=self.weight.data, bias=None if self.bias is None else self.bias.data,
+                               scale=None if self.weight_scale is None else self.weight_scale.data)
+
+    def _shard(self) -> tuple[int, int, int] | None:
+        mode, rank, size = self.tp
+        if size == 1 or mode == "none":
+            return None
+        return (0 if mode == "column" else 1, rank, size)
+
+    def _load_weight(self, loaded: torch.Tensor, scale: torch.Tensor | None = None) -> None:
+        load_dense_or_fp8(self.name + ".weight", self.weight, self.weight_scale, loaded, scale, self.full_shape,
+                          self._shard())
+
+    def _load_bias(self, loaded: torch.Tensor, scale: torch.Tensor | None = None) -> None:
+        mode, rank, size = self.tp
+        _check_shape(self.name + ".bias", loaded.shape, (self.full_shape[0],))
+        if mode == "column" and size > 1:
+            n = self.full_shape[0] // size
+            loaded = loaded.narrow(0, rank * n, n)
+        elif mode == "row" and rank > 0:
+            loaded = torch.zeros_like(loaded)  # the bias is added once across the all-reduce
+        self.bias.data.copy_(loaded.to(self.bias.device, self.bias.dtype))
+
+
+def load_plain(name: str, dst: nn.Parameter, loaded: torch.Tensor, shard: tuple[int, int, int] | None = None) -> None:
+    """Loader for an unquantized parameter (norms, sinks, router, embeddings)."""
+    full = list(dst.shape)
+    if shard is not None and shard[2] > 1:
+        full[shard[0]] *= shard[2]
+    _check_shape(name, loaded.shape, tuple(full))
+    if shard is not None and shard[2] > 1:
+        dim, rank, size = shard
+        n = full[dim] // size
+        loaded = loaded.narrow(dim, rank * n, n)
+    if loaded.dtype == FP8:
+        raise WeightLoadError(f"tensor {name}: unexpected float8 tensor (this parameter is never quantized)")
+    dst.data.copy_(loaded.to(dst.device, dst.dtype))
+
+
+def plain_param(name: str, shape, dtype, device, shard: tuple[int, int, int] | None = None) -> nn.Parameter:
+    p = _param(shape, dtype, device)
+    p.weight_loader = lambda loaded, scale=None: load_plain(name, p, loaded, shard)
+    return p
+
+
+class RMSNorm(nn.Module):
+    def __init__(self, name: str, hidden: int, eps: float, device) -> None:
+        super().__init__()
+        self.eps = eps
+        self.weight = plain_param(name + ".weight", (hidden,), torch.float32, device)  # fp32 as HF keeps it

@@ -1,0 +1,86 @@
+"""Model runner: one forward pass over a mixed batch of prefill chunks and decode tokens.
+
+Each ``SeqChunk`` is the new tokens of one sequence (a prefill chunk, or one token for decode)
+that follow the ``start`` tokens whose KV is already in the paged cache. The runner builds the
+attention metadata (positions, cu_seqlens, block tables, slot mappings), runs the model (which
+writes the new K/V into the cache) and returns the logits each chunk asked for.
+Blocks must already be reserved (``KVCacheManager.ensure``) for ``start + len(token_ids)`` tokens.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from dayzero.kvcache import KVCacheManager
+from dayzero.model.attention import ForwardBatch
+from dayzero.model.transformer import GptOssForEngine
+
+
+@dataclass
+class SeqChunk:
+    seq_id: str
+    token_ids: list[int]      # new tokens of this step (len >= 1)
+    start: int                # tokens of this sequence already in the cache = position of token_ids[0]
+    logits: str = "last"      # "last": logits of the last new token; "all": of every new token; "none"
+
+
+class ModelRunner:
+    def __init__(self, model: GptOssForEngine, kv: KVCacheManager) -> None:
+        self.model = model
+        self.kv = kv
+        self.device = model.device
+        self.kv_caches = [kv.layer_cache(i) for i in range(model.cfg.num_hidden_layers)]
+
+    def build_batch(self, chunks: list[SeqChunk]) -> tuple[torch.Tensor, ForwardBatch]:
+        ids, pos, cu = [], [], [0]
+        for c in chunks:
+            if not c.token_ids:
+                raise ValueError(f"sequence {c.seq_id!r}: empty chunk")
+            ids += c.token_ids
+            pos.append(torch.arange(c.start, c.start + len(c.token_ids), dtype=torch.int64))
+            cu.append(cu[-1] + len(c.token_ids))
+        seq_ids = [c.seq_id for c in chunks]
+        starts = [c.start for c in chunks]
+        counts = [len(c.token_ids) for c in chunks]
+        totals = [s + n for s, n in zip(starts, counts)]
+        bt_full, bt_slide = self.kv.block_tables(seq_ids, totals, self.device)
+        slots_full, slots_slide = self.kv.slot_mappings(seq_ids, starts, counts, self.device)
+        dev = self.device
+        fb = ForwardBatch(
+            positions=torch.cat(pos).to(dev),
+            cu_seqlens_q=torch.tensor(cu, dtype=torch.int32, device=dev),
+            cached_lens=torch.tensor(starts, dtype=torch.int32, device=dev),
+            block_tables_full=bt_full, block_tables_sliding=bt_slide,
+            slots_full=slots_full, slots_sliding=slots_slide, kv_caches=self.kv_caches)
+        return torch.tensor(ids, dtype=torch.int64, device=dev), fb
+
+    @torch.no_grad()
+    def run(self, chunks: list[SeqChunk]) -> list[torch.Tensor | None]:
+        """Forward ``chunks`` together; per chunk: logits ``[1, V]`` ("last"), ``[n, V]`` ("all") or None."""
+        if not chunks:
+            return []
+        vocab = self.model.cfg.vocab_size
+        for c in chunks:
+            bad = [t for t in c.token_ids if not 0 <= t < vocab]
+            if bad:
+                raise ValueError(f"sequence {c.seq_id!r}: token id(s) {bad[:5]} outside the vocabulary [0, {vocab})")
+        ids, fb = self.build_batch(chunks)
+        hidden = self.model(ids, fb)                                          # [T, H]
+        rows, spans, r = [], [], 0
+        for c in chunks:
+            n = len(c.token_ids)
+            if c.logits == "all":
+                spans.append((len(rows), n))
+                rows += range(r, r + n)
+            elif c.logits == "last":
+                spans.append((len(rows), 1))
+                rows.append(r + n - 1)
+            else:
+                spans.append(None)
+            r += n
+        if not rows:
+            return [None] * len(chunks)
+        logits = self.model.compute_logits(hidden[torch.tensor(rows, device=hidden.device)])  # [N, V] fp32
+        return [None if s is None else logits[s[0]:s[0] + s[1]] for s in spans]
