@@ -43,3 +43,24 @@ def make_ckpt(tmp_path_factory) -> Callable[..., str]:
         return cache[key]
 
     return make
+
+
+@pytest.fixture(scope="session")
+def hf_model() -> Callable[[str], "torch.nn.Module"]:
+    """``hf_model(ckpt_dir)`` -> HF transformers' ``GptOssForCausalLM`` loaded from that directory:
+    fp32, eager attention, MXFP4 experts dequantized by transformers itself (CPU). Cached per dir."""
+    cache: dict[str, torch.nn.Module] = {}
+
+    def load(ckpt_dir: str) -> torch.nn.Module:
+        if ckpt_dir not in cache:
+            from transformers import GptOssForCausalLM, Mxfp4Config
+            from transformers.utils import logging as hf_logging
+
+            hf_logging.set_verbosity_error()
+            model = GptOssForCausalLM.from_pretrained(
+                ckpt_dir, quantization_config=Mxfp4Config(dequantize=True), dtype=torch.float32,
+                attn_implementation="eager")
+            cache[ckpt_dir] = model.eval()
+        return cache[ckpt_dir]
+
+    return load
