@@ -25,7 +25,7 @@ from dayzero.weights.mxfp4 import dequantize_mxfp4, mxfp4_shapes
 from dayzero.weights.safetensors_io import INDEX_FILE, CheckpointError, TensorInfo, load_tensor, read_header
 
 __all__ = ["CheckpointError", "HFCheckpoint", "canonical_shapes", "hf_layout", "iter_hf_checkpoint",
-           "read_hf_checkpoint"]
+           "open_tensor_index", "read_hf_checkpoint"]
 
 FLOAT_DTYPES = (torch.bfloat16, torch.float16, torch.float32)
 EXPERT_PROJS = ("gate_up_proj", "down_proj")
@@ -104,6 +104,38 @@ def _shard_files(model_dir: str) -> tuple[dict[str, str] | None, list[str]]:
     return None, files
 
 
+def open_tensor_index(model_dir: str) -> dict[str, TensorInfo]:
+    """name -> TensorInfo over all shards, with the index checked against every file's header."""
+    weight_map, files = _shard_files(model_dir)
+    tensors: dict[str, TensorInfo] = {}
+    for path in files:
+        for name, info in read_header(path).items():
+            if name in tensors:
+                raise CheckpointError(f"{path}: tensor {name} is also stored in {tensors[name].file}")
+            tensors[name] = info
+    if weight_map is not None:
+        for name, fname in weight_map.items():
+            info = tensors.get(name)
+            if info is None or os.path.basename(info.file) != fname:
+                raise CheckpointError(f"{os.path.join(model_dir, fname)}: tensor {name} is listed in "
+                                      f"{INDEX_FILE} but not stored in that file")
+    return tensors
+
+
+def check_tensor(tensors: dict[str, TensorInfo], model_dir: str, name: str, shape: tuple[int, ...],
+                 dtypes: tuple[torch.dtype, ...]) -> None:
+    """CheckpointError unless ``name`` is stored with ``shape`` and one of ``dtypes``."""
+    info = tensors.get(name)
+    if info is None:
+        raise CheckpointError(f"{model_dir}: tensor {name} is missing from the checkpoint")
+    if info.shape != tuple(shape):
+        raise CheckpointError(f"{info.file}: tensor {name} has shape {list(info.shape)}, expected "
+                              f"{list(shape)} for this config.json")
+    if info.dtype not in dtypes:
+        raise CheckpointError(f"{info.file}: tensor {name} has dtype {info.dtype}, expected one of "
+                              f"{', '.join(str(d) for d in dtypes)}")
+
+
 class HFCheckpoint:
     """A validated HF gpt-oss checkpoint directory; tensors are read lazily, one at a time."""
 
@@ -111,21 +143,8 @@ class HFCheckpoint:
         self.model_dir = os.fspath(model_dir)
         self.config = ModelConfig.from_json(self.model_dir)
         self.mxfp4 = _is_mxfp4(self.model_dir)
-        weight_map, files = _shard_files(self.model_dir)
-        self.tensors: dict[str, TensorInfo] = {}
-        for path in files:
-            for name, info in read_header(path).items():
-                self.tensors[name] = info
-        if weight_map is not None:
-            for name, fname in weight_map.items():
-                info = self.tensors.get(name)
-                if info is None or os.path.basename(info.file) != fname:
-                    raise CheckpointError(f"{os.path.join(self.model_dir, fname)}: tensor {name} is listed in "
-                                          f"{INDEX_FILE} but not stored in that file")
+        self.tensors = open_tensor_index(self.model_dir)
         self._check_expected()
-
-    def _where(self, name: str) -> str:
-        return os.path.basename(self.tensors[name].file) if name in self.tensors else "checkpoint"
 
     def _check_expected(self) -> None:
         cfg = self.config
@@ -141,15 +160,7 @@ class HFCheckpoint:
                 self._check(name, shape, FLOAT_DTYPES)
 
     def _check(self, name: str, shape: tuple[int, ...], dtypes: tuple[torch.dtype, ...]) -> None:
-        info = self.tensors.get(name)
-        if info is None:
-            raise CheckpointError(f"{self.model_dir}: tensor {name} is missing from the checkpoint")
-        if info.shape != tuple(shape):
-            raise CheckpointError(f"{info.file}: tensor {name} has shape {list(info.shape)}, expected "
-                                  f"{list(shape)} for this config.json")
-        if info.dtype not in dtypes:
-            raise CheckpointError(f"{info.file}: tensor {name} has dtype {info.dtype}, expected one of "
-                                  f"{', '.join(str(d) for d in dtypes)}")
+        check_tensor(self.tensors, self.model_dir, name, shape, dtypes)
 
     def names(self) -> list[str]:
         return list(canonical_shapes(self.config))

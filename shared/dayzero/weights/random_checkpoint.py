@@ -19,6 +19,7 @@ import argparse
 import json
 import math
 import os
+import sys
 import zlib
 from collections.abc import Iterator
 
@@ -130,7 +131,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    cfg = preset(args.preset)
+    try:
+        cfg = preset(args.preset)
+    except ValueError as e:
+        print(f"dayzero make-checkpoint: error: {e}", file=sys.stderr)
+        return 2
     write_random_checkpoint(cfg, args.out, seed=args.seed, max_shard_bytes=args.max_shard_bytes, progress=True)
     print(f"wrote a random {args.preset} gpt-oss checkpoint to {args.out}")
     return 0
