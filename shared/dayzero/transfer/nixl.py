@@ -1,0 +1,178 @@
+"""NIXL (UCX) KV transport: one-sided WRITEs from the prefill worker's pools into the decode
+worker's pools, on host memory (DRAM) on a CPU box and on device memory (VRAM) on GPUs.
+
+The receiver registers its pools and publishes its agent metadata (``info()``, sent out of band
+in the Allocate reply); the sender loads that metadata, WRITEs the planned blocks as one
+transfer request and attaches a notification naming the request, which the receiver sees in
+``poll_landed`` after the data is in place.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import socket
+import threading
+import time
+import uuid
+
+import numpy as np
+
+from dayzero.rpc.v1 import transfer_pb2
+
+from .base import KVMemory, KVReceiver, KVSender, TransferPlan, TransferResult, landed_tag, parse_landed_tag
+from .handshake import IncompatiblePeer, TransferError, check_compatible
+
+log = logging.getLogger(__name__)
+
+
+def _nixl_api():
+    try:
+        from nixl_cu13 import _api
+    except Exception as e:  # noqa: BLE001 - any load failure means the same thing to the user
+        raise TransferError(f"NIXL cannot load ({type(e).__name__}: {e}); install nixl-cu13 or choose the "
+                            "gRPC byte-stream fallback explicitly with --transport grpc") from None
+    return _api
+
+
+def agent_name(role: str) -> str:
+    return f"dz-{role}-{socket.gethostname()}-{os.getpid()}-{uuid.uuid4().hex[:8]}"
+
+
+def _make_agent(name: str, memory: KVMemory):
+    api = _nixl_api()
+    agent = api.nixl_agent(name, api.nixl_agent_config(backends=["UCX"]))
+    if "UCX" not in agent.backends:
+        raise TransferError("NIXL loaded but its UCX backend did not start; use --transport grpc")
+    reg = agent.register_memory([p.tensor for p in memory.pools])
+    if reg is None:
+        raise TransferError("NIXL could not describe the KV pools for registration")
+    return agent, reg
+
+
+class NixlReceiver(KVReceiver):
+    """Registers the local pools with NIXL and turns notifications into landed requests."""
+
+    name = "nixl"
+
+    def __init__(self, memory: KVMemory, role: str = "decode"):
+        super().__init__(memory)
+        self.agent_name = agent_name(role)
+        self._agent, self._reg = _make_agent(self.agent_name, memory)
+        self._metadata = self._agent.get_agent_metadata()
+        self._lock = threading.Lock()
+
+    def info(self) -> transfer_pb2.KVReceiverInfo:
+        return transfer_pb2.KVReceiverInfo(
+            transport="nixl", compat=self.memory.compat.to_proto(), agent_name=self.agent_name,
+            agent_metadata=self._metadata, memory_type=self.memory.memory_type,
+            regions=[p.to_proto() for p in self.memory.pools])
+
+    def poll_landed(self) -> list[tuple[str, str]]:
+        with self._lock:
+            notifs = self._agent.get_new_notifs()
+        out = []
+        for msgs in notifs.values():
+            for m in msgs:
+                tag = parse_landed_tag(m)
+                if tag is None:
+                    log.warning("ignoring unknown NIXL notification %r", m[:64])
+                else:
+                    out.append(tag)
+        return out
+
+    def close(self) -> None:
+        with self._lock:
+            try:
+                self._agent.deregister_memory(self._reg)
+            except Exception:  # noqa: BLE001 - best effort at shutdown
+                pass
+
+
+class NixlSender(KVSender):
+    """WRITEs planned blocks into a remote NIXL receiver, then notifies it."""
+
+    name = "nixl"
+
+    def __init__(self, memory: KVMemory, role: str = "prefill"):
+        super().__init__(memory)
+        self.agent_name = agent_name(role)
+        self._agent, self._reg = _make_agent(self.agent_name, memory)
+        self._remotes: set[str] = set()
+        self._lock = threading.Lock()
+
+    def _descriptors(self, receiver: transfer_pb2.KVReceiverInfo, plan: TransferPlan):
+        """(local rows, remote rows) as uint64 [N, 3] arrays of (address, length, device)."""
+        local, remote = [], []
+        for region in receiver.regions:
+            if region.layer >= len(plan.pairs):
+                raise TransferError(f"receiver region for layer {region.layer} but the plan has {len(plan.pairs)} layers")
+            pool = self.memory.pool(region.layer, region.kind)
+            if pool.block_bytes != region.block_bytes:
+                raise IncompatiblePeer(f"KV transfer refused: block_bytes of layer {region.layer} {region.kind}: "
+                                       f"ours {pool.block_bytes}, peer {region.block_bytes}", ["block_bytes"])
+            for src, dst in plan.pairs[region.layer]:
+                if not 0 <= src < pool.num_blocks or not 0 <= dst < region.num_blocks:
+                    raise TransferError(f"block out of range in plan for {plan.request_id}: layer {region.layer} "
+                                        f"src {src}/{pool.num_blocks} dst {dst}/{region.num_blocks}")
+                local.append((pool.base_address + src * pool.block_bytes, pool.block_bytes, pool.device_id))
+                remote.append((region.base_address + dst * region.block_bytes, region.block_bytes, region.device_id))
+        return np.array(local, dtype=np.uint64).reshape(-1, 3), np.array(remote, dtype=np.uint64).reshape(-1, 3)
+
+    def send(self, receiver: transfer_pb2.KVReceiverInfo, plan: TransferPlan, timeout: float = 30.0) -> TransferResult:
+        if receiver.transport != "nixl":
+            raise TransferError(f"this worker sends KV over nixl but the receiver expects {receiver.transport!r}; "
+                                "start both with the same --transport")
+        check_compatible(self.memory.compat, receiver.compat, "decode worker")
+        t0 = time.perf_counter()
+        local, remote = self._descriptors(receiver, plan)
+        tag = landed_tag(plan.request_id, plan.lease_id)
+        with self._lock:
+            if receiver.agent_name not in self._remotes:
+                self._agent.add_remote_agent(receiver.agent_metadata)
+                self._remotes.add(receiver.agent_name)
+            try:
+                self._write(receiver, local, remote, tag, t0 + timeout)
+            except TransferError:
+                self._forget(receiver.agent_name)
+                raise
+        nbytes = int(local[:, 1].sum()) if len(local) else 0
+        return TransferResult(bytes=nbytes, seconds=time.perf_counter() - t0, transport="nixl")
+
+    def _write(self, receiver, local: np.ndarray, remote: np.ndarray, tag: bytes, deadline: float) -> None:
+        if len(local) == 0:
+            self._agent.send_notif(receiver.agent_name, tag)
+            return
+        ldesc = self._agent.get_xfer_descs(local, self.memory.memory_type)
+        rdesc = self._agent.get_xfer_descs(remote, receiver.memory_type or "DRAM")
+        handle = self._agent.initialize_xfer("WRITE", ldesc, rdesc, receiver.agent_name, tag)
+        try:
+            state = self._agent.transfer(handle)
+            while state == "PROC":
+                if time.perf_counter() > deadline:
+                    raise TransferError(f"NIXL write to {receiver.agent_name} timed out")
+                time.sleep(0.0002)
+                state = self._agent.check_xfer_state(handle)
+            if state != "DONE":
+                raise TransferError(f"NIXL write to {receiver.agent_name} failed (state {state})")
+        finally:
+            try:
+                handle.release()
+            except Exception as e:  # noqa: BLE001 - releasing an unfinished transfer aborts it
+                log.warning("releasing NIXL transfer handle: %s", e)
+
+    def _forget(self, remote: str) -> None:
+        self._remotes.discard(remote)
+        try:
+            self._agent.remove_remote_agent(remote)
+        except Exception:  # noqa: BLE001 - the peer may already be gone
+            pass
+
+    def close(self) -> None:
+        with self._lock:
+            for r in list(self._remotes):
+                self._forget(r)
+            try:
+                self._agent.deregister_memory(self._reg)
+            except Exception:  # noqa: BLE001
+                pass
