@@ -56,7 +56,7 @@ class HarmonyChat:
     def chat_messages(self, req: ChatCompletionRequest, tools: list[FunctionDef], today: dt.date) -> list[Message]:
         if not req.messages:
             raise bad_request("messages must contain at least one message", param="messages")
-        effort = (req.reasoning_effort or "medium")
+        effort = "medium" if req.reasoning_effort is None else req.reasoning_effort
         if effort not in EFFORTS:
             raise bad_request(f"reasoning_effort must be one of low, medium, high; got {req.reasoning_effort!r}",
                               param="reasoning_effort")
