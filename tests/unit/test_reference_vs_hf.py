@@ -80,7 +80,8 @@ def test_comparison_is_sensitive(make_ckpt, hf_model):
     no_sinks = dict(ref.w)
     for i in range(cfg.num_hidden_layers):
         no_sinks[f"model.layers.{i}.self_attn.sinks"] = torch.full((cfg.num_attention_heads,), -1e9)
-    for label, model in (("no window", no_window), ("gate/up swapped", ReferenceModel(cfg, swapped)),
+    no_clamp = ReferenceModel(dataclasses.replace(cfg, swiglu_limit=1e9), ref.w)
+    for label, model in (("no window", no_window), ("no SwiGLU clamp", no_clamp), ("gate/up swapped", ReferenceModel(cfg, swapped)),
                          ("no sinks", ReferenceModel(cfg, no_sinks))):
         err = rel_err(model.forward(ids), theirs)
         print(f"broken reference ({label}): {err:.2e}")

@@ -3,12 +3,15 @@
 Names, shapes, dtypes, sharding and MXFP4 packing are those of the released gpt-oss files
 (see ``hf_reader.hf_layout``); values are random but scaled like a trained model's so that logits
 are not flat and quantization errors mean something:
-- embeddings ~ N(0, 1); dense weights ~ N(0, 1/fan_in); lm_head ~ N(0, (2.5)^2/H); biases ~ N(0, 0.1^2)
-- RMSNorm weights ~ N(1, 0.1^2); attention sinks ~ N(0, 1); router bias ~ N(0, 0.1^2)
-- experts: FP4 codes drawn from the distribution a Gaussian of std 2 (in scale units) has after
-  rounding to the e2m1 grid, with e8m0 block scales 2^(e0 + jitter), jitter in {-1, 0, 1}, e0 chosen
-  so the dequantized std is about 2/sqrt(H) for gate_up (so the SwiGLU clamp at 7 is sometimes
-  active) and 1/sqrt(I) for down.
+- embeddings ~ N(0, 1); q/k/v ~ N(0, 1/fan_in); o_proj ~ N(0, 0.5^2/fan_in); lm_head ~ N(0, 5^2/H)
+  (peaked next-token distributions); biases ~ N(0, 0.1^2); RMSNorm weights ~ N(1, 0.1^2);
+  attention sinks ~ N(0, 1)
+- experts: FP4 codes drawn from the distribution of a Gaussian of std 2 (in scale units) rounded to
+  the e2m1 grid; e8m0 block scales 2^e0 or 2^(e0+1), mixed so the dequantized std is 1/sqrt(H)
+  for gate_up and 0.25/sqrt(I) for down, and 1 block in 32 an outlier (scale x4), so the SwiGLU
+  clamp at 7 is active now and then.
+Layer updates stay small next to the residual stream, as in a trained model: FP8 weights then keep
+the logits' cosine similarity around 0.999 (a flat or chaotic random model would not).
 Every tensor has its own generator seeded from (seed, name): values do not depend on sharding.
 Big presets stream tensor by tensor, chunk by chunk (never more than ~100 MB in memory).
 """
@@ -34,6 +37,10 @@ DEFAULT_MAX_SHARD_BYTES = 4 * 1024**3
 CHUNK_ELEMS = 1 << 23
 CODE_SIGMA = 2.0     # std of the pre-rounding Gaussian, in units of the block scale
 LUT_SIZE = 4096
+OUTLIER_P, OUTLIER_SHIFT = 1 / 32, 2  # 1 block in 32 has its scale x4
+# std of each weight kind in units of 1/sqrt(fan_in) (trained-model-like: layer updates are small
+# next to the residual stream, logits are peaked)
+GATE_UP_STD, DOWN_STD, O_PROJ_STD, LM_HEAD_STD = 1.0, 0.25, 0.5, 5.0
 
 
 def _generator(seed: int, name: str) -> torch.Generator:
@@ -77,19 +84,26 @@ def _block_chunks(gen: torch.Generator, shape: tuple[int, ...], lut: torch.Tenso
         yield (codes[:, 0] | (codes[:, 1] << 4)).view(1, *shape[1:])
 
 
-def _scale_chunks(gen: torch.Generator, shape: tuple[int, ...], base_exp: int) -> Iterator[torch.Tensor]:
+def _scale_chunks(gen: torch.Generator, shape: tuple[int, ...], target_std: float, code_std: float
+                  ) -> Iterator[torch.Tensor]:
+    """e8m0 exponents: e0 or e0 + 1 mixed so that the dequantized variance is target_std^2, plus
+    rare outlier blocks (x4) as trained weights have."""
+    ratio = (target_std / code_std) ** 2 / (1 - OUTLIER_P + OUTLIER_P * 4**OUTLIER_SHIFT)
+    e0 = math.floor(math.log2(ratio) / 2)
+    p_up = (ratio / 4**e0 - 1) / 3
     per_expert = math.prod(shape[1:])
     for _ in range(shape[0]):
-        jitter = torch.randint(0, 4, (per_expert,), generator=gen)
-        jitter = torch.tensor([-1, 0, 0, 1])[jitter]
-        yield (E8M0_BIAS + base_exp + jitter).to(torch.uint8).view(1, *shape[1:])
+        up = torch.rand(per_expert, generator=gen) < p_up
+        outlier = torch.rand(per_expert, generator=gen) < OUTLIER_P
+        exp = E8M0_BIAS + e0 + up.to(torch.int32) + OUTLIER_SHIFT * outlier.to(torch.int32)
+        yield exp.to(torch.uint8).view(1, *shape[1:])
 
 
 def tensor_sources(cfg: ModelConfig, seed: int = 0) -> list[TensorSource]:
     """A TensorSource (lazy random values) for every tensor of the HF layout."""
     H, I = cfg.hidden_size, cfg.intermediate_size
     lut = fp4_code_lut()
-    code_std = _code_std(lut) * 1.25  # x sqrt(E[4^jitter]) = sqrt(1/16 + 1/2 + 1) = 1.25
+    code_std = _code_std(lut)
     sources = []
     for name, shape, dtype in hf_layout(cfg):
         def produce(name=name, shape=shape):
@@ -97,16 +111,18 @@ def tensor_sources(cfg: ModelConfig, seed: int = 0) -> list[TensorSource]:
             if name.endswith("_blocks"):
                 return _block_chunks(gen, shape, lut)
             if name.endswith("_scales"):
-                target = 2.0 / math.sqrt(H) if "gate_up" in name else 1.0 / math.sqrt(I)
-                return _scale_chunks(gen, shape, round(math.log2(target / code_std)))
+                target = GATE_UP_STD / math.sqrt(H) if "gate_up" in name else DOWN_STD / math.sqrt(I)
+                return _scale_chunks(gen, shape, target, code_std)
             if name.endswith("layernorm.weight") or name == "model.norm.weight":
                 return _normal_chunks(gen, shape, 0.1, 1.0)
             if name == "model.embed_tokens.weight" or name.endswith("sinks"):
                 return _normal_chunks(gen, shape, 1.0)
             if name == "lm_head.weight":
-                return _normal_chunks(gen, shape, 2.5 / math.sqrt(H))
+                return _normal_chunks(gen, shape, LM_HEAD_STD / math.sqrt(H))
             if name.endswith("bias"):
                 return _normal_chunks(gen, shape, 0.1)
+            if name.endswith("o_proj.weight"):
+                return _normal_chunks(gen, shape, O_PROJ_STD / math.sqrt(shape[-1]))
             return _normal_chunks(gen, shape, 1.0 / math.sqrt(shape[-1]))  # dense [out, in]
         sources.append(TensorSource(name, tuple(shape), dtype, produce))
     return sources
