@@ -4,15 +4,19 @@ Pure logic, no I/O and no clock: every sample carries its own time, so a recorde
 to the same decisions. `dayzero_router.planner` feeds it from the pods' /metrics and applies the
 decisions to the two Deployments.
 
-Signals (each turned into a *pressure* = observed / target; 1.0 is on target):
-  prefill  queued prompt tokens per replica, time to first token (quantile over one interval)
-  decode   KV cache blocks in use (fraction of all pods' pools), inter-token latency (quantile)
+Signals (each turned into a *pressure* = observed / target; 1.0 is on target). Load signals
+scale with the number of pods; latency signals do not (queueing makes them non-linear):
+  prefill  load: busy fraction (time spent prefilling), queued prompt tokens per replica;
+           latency: time to first token (quantile over one interval)
+  decode   load: KV cache blocks in use (fraction of all pods' pools);
+           latency: inter-token latency (quantile over one interval)
 Rules, per stage:
   - scale up when the largest pressure exceeds 1 + tolerance: to ceil(current * pressure), at most
     max_scale_up_step more, not within scale_up_cooldown_s of the last scale-up; while pods of a
     previous scale-up are still starting, only load pressures count (latency lags the new pods);
-  - scale down only to a count at which the largest pressure would be <= scale_down_target
-    (hysteresis: it lands well below the scale-up threshold), to the highest count recommended
+  - scale down only while every latency pressure is <= scale_down_target, and only to a count at
+    which the largest load pressure would be <= scale_down_target (hysteresis: it lands well
+    below the scale-up threshold), to the highest count recommended
     over scale_down_stabilization_s, by at most max_scale_down_step, and not within
     scale_down_cooldown_s of any change (the planner's start counts as a change);
   - decode never goes below the in-flight floor: the pods needed to hold the running sequences
@@ -28,6 +32,7 @@ from dataclasses import dataclass
 
 # Metric names the services export in Prometheus text on their HTTP port's /metrics.
 PREFILL_QUEUED_TOKENS = "dayzero_prefill_queued_tokens"  # gauge: prompt tokens waiting or being prefilled
+PREFILL_BUSY_SECONDS = "dayzero_prefill_busy_seconds_total"  # counter: seconds spent computing prefills
 DECODE_RUNNING_REQUESTS = "dayzero_decode_running_requests"  # gauge: sequences holding KV in the pod
 DECODE_KV_BLOCKS_USED = "dayzero_decode_kv_blocks_used"  # gauge: blocks held by requests and leases
 DECODE_KV_BLOCKS_TOTAL = "dayzero_decode_kv_blocks_total"  # gauge: blocks in the pod's pool
@@ -37,6 +42,7 @@ ROUTER_ITL_SECONDS = "dayzero_router_inter_token_latency_seconds"  # histogram: 
 
 METRIC_NAMES = (
     PREFILL_QUEUED_TOKENS,
+    PREFILL_BUSY_SECONDS,
     DECODE_RUNNING_REQUESTS,
     DECODE_KV_BLOCKS_USED,
     DECODE_KV_BLOCKS_TOTAL,
@@ -82,6 +88,7 @@ class StagePolicy:
 
 @dataclass(frozen=True)
 class PrefillPolicy(StagePolicy):
+    target_utilization: float = 0.7
     target_queued_tokens_per_replica: float = 32768.0
     target_ttft_seconds: float = 2.0
     ttft_quantile: float = 0.9
@@ -90,6 +97,8 @@ class PrefillPolicy(StagePolicy):
         super().validate()
         if self.target_queued_tokens_per_replica <= 0 or self.target_ttft_seconds <= 0:
             raise PolicyError("prefill targets must be > 0")
+        if not 0 < self.target_utilization <= 1:
+            raise PolicyError(f"target_utilization must be in (0, 1], got {self.target_utilization}")
         if not 0 < self.ttft_quantile < 1:
             raise PolicyError(f"ttft_quantile must be in (0, 1), got {self.ttft_quantile}")
 
@@ -121,6 +130,7 @@ class PrefillSignals:
     ready_pods: int
     queued_tokens: float
     ttft_seconds: float | None  # quantile over the last interval; None: no first token in it
+    busy_pods: float | None = None  # sum of the pods' busy fractions over the last interval
 
 
 @dataclass(frozen=True)
@@ -172,6 +182,8 @@ class ScaleDecision:
 def prefill_pressures(s: PrefillSignals, replicas: int, p: PrefillPolicy) -> list[Pressure]:
     # Pods still starting count as capacity to come: divide by the spec, not the ready count.
     out = [Pressure("queued_tokens", s.queued_tokens / (max(replicas, 1) * p.target_queued_tokens_per_replica), True)]
+    if s.busy_pods is not None:
+        out.append(Pressure("utilization", s.busy_pods / (max(replicas, 1) * p.target_utilization), True))
     if s.ttft_seconds is not None:
         out.append(Pressure("ttft", s.ttft_seconds / p.target_ttft_seconds, False))
     return out
@@ -255,8 +267,14 @@ class StageScaler:
             if self._last_up is not None and time - self._last_up < p.scale_up_cooldown_seconds:
                 return current, f"{up.name} at {up.ratio:.2f}x target: scale-up cooldown"
             return want, f"{up.name} at {up.ratio:.2f}x target"
-        # Scale-down candidate: the count at which the worst pressure would sit at scale_down_target.
-        rec = min(math.ceil(current * ratio / p.scale_down_target - 1e-9), current)
+        # Scale-down candidate: latency comfortably low, and the count at which the worst load
+        # pressure would sit at scale_down_target.
+        latency = max((x for x in pressures if not x.is_load), key=lambda x: x.ratio, default=None)
+        load = max((x for x in pressures if x.is_load), key=lambda x: x.ratio, default=None)
+        if latency is not None and latency.ratio > p.scale_down_target:
+            rec = current
+        else:
+            rec = min(math.ceil(current * (load.ratio if load else 0.0) / p.scale_down_target - 1e-9), current)
         self._remember(time, rec)
         stabilized = max(r for _, r in self._recommendations)
         name = worst.name if worst else "no load"

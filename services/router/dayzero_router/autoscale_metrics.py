@@ -1,6 +1,7 @@
 """From the pods' Prometheus text to a `ClusterSample` for the planner (pure: text in, sample out).
 
-Gauges are summed over label sets within a pod. Latency histograms are cumulative, so the
+Gauges and counters are summed over label sets within a pod (a counter under its exported
+`_total` name). Counters become rates between two scrapes of the same pod. Latency histograms are cumulative, so the
 quantile of one planner interval comes from the difference between two scrapes of the same pod
 (a counter reset, i.e. a restarted pod, counts from zero), summed over pods bucket by bucket, then
 interpolated inside the bucket as Prometheus' histogram_quantile does.
@@ -19,6 +20,7 @@ from dayzero_router.autoscale import (
     DECODE_KV_BLOCKS_USED,
     DECODE_MAX_BATCH,
     DECODE_RUNNING_REQUESTS,
+    PREFILL_BUSY_SECONDS,
     PREFILL_QUEUED_TOKENS,
     ROUTER_ITL_SECONDS,
     ROUTER_TTFT_SECONDS,
@@ -67,9 +69,10 @@ def parse_metrics(pod: str, text: str) -> PodMetrics:
                     le = float(s.labels["le"])
                     acc[le] = acc.get(le, 0.0) + s.value
         elif fam.type in ("gauge", "untyped", "counter"):
+            key = fam.name + "_total" if fam.type == "counter" else fam.name
             for s in fam.samples:
-                if s.name in (fam.name, fam.name + "_total"):
-                    gauges[fam.name] = gauges.get(fam.name, 0.0) + s.value
+                if s.name == key:
+                    gauges[key] = gauges.get(key, 0.0) + s.value
     hists = {name: Histogram(tuple(sorted(acc.items()))) for name, acc in per_le.items() if acc}
     return PodMetrics(pod, gauges, hists)
 
@@ -132,12 +135,35 @@ class LatencyWindow:
         return histogram_quantile(self.quantile, merge_histograms(deltas))
 
 
+class CounterRate:
+    """Sum over pods of a counter's per-second rate between two `update` calls."""
+
+    def __init__(self, name: str) -> None:
+        self.name = name
+        self._previous: dict[str, tuple[float, float]] = {}
+
+    def update(self, time: float, pods: Sequence[PodMetrics]) -> float | None:
+        rates: list[float] = []
+        seen: dict[str, tuple[float, float]] = {}
+        for pm in pods:
+            if self.name not in pm.gauges:
+                continue
+            value = pm.gauges[self.name]
+            seen[pm.pod] = (time, value)
+            prev = self._previous.get(pm.pod)
+            if prev is not None and time > prev[0] and value >= prev[1]:
+                rates.append((value - prev[1]) / (time - prev[0]))
+        self._previous = seen
+        return sum(rates) if rates else None
+
+
 class SampleBuilder:
     """Keeps the latency windows between ticks and assembles each tick's `ClusterSample`."""
 
     def __init__(self, ttft_quantile: float, itl_quantile: float) -> None:
         self.ttft = LatencyWindow(ROUTER_TTFT_SECONDS, ttft_quantile)
         self.itl = LatencyWindow(ROUTER_ITL_SECONDS, itl_quantile)
+        self.busy = CounterRate(PREFILL_BUSY_SECONDS)
 
     def build(self, time: float, prefill_replicas: int, decode_replicas: int,
               router: Sequence[PodMetrics], prefill: Sequence[PodMetrics],
@@ -145,12 +171,14 @@ class SampleBuilder:
         ttft = self.ttft.update(router)
         itl = self.itl.update(router)
         pre = [p for p in prefill if PREFILL_QUEUED_TOKENS in p.gauges]
+        busy = self.busy.update(time, pre)
         prefill_signals = None
         if pre:
             prefill_signals = PrefillSignals(
                 ready_pods=len(pre),
                 queued_tokens=sum(p.gauges[PREFILL_QUEUED_TOKENS] for p in pre),
                 ttft_seconds=ttft,
+                busy_pods=busy,
             )
         dec = [p for p in decode
                if DECODE_KV_BLOCKS_TOTAL in p.gauges and DECODE_KV_BLOCKS_USED in p.gauges]
