@@ -94,10 +94,11 @@ def load_model(model_dir: str | os.PathLike, dtype: str = "bfloat16", backend: s
     model_dir = os.fspath(model_dir)
     fmt = checkpoint_format(model_dir)
     if fmt == "fp8":
-        from .convert import read_fp8_checkpoint
+        from .convert import FP8Checkpoint
 
-        cfg, sd = read_fp8_checkpoint(model_dir)
-        tensors: Iterable[tuple[str, torch.Tensor]] = sd.items()
+        fp8_ckpt = FP8Checkpoint(model_dir)      # validated; tensors streamed one at a time
+        cfg = fp8_ckpt.config
+        tensors: Iterable[tuple[str, torch.Tensor]] = fp8_ckpt.iter_tensors()
     else:
         from .hf_reader import HFCheckpoint
 
