@@ -126,7 +126,10 @@ class ModelConfig:
                 if k in kwargs:
                     kwargs[k] = float(kwargs[k])
             cfg = cls(**kwargs)
-        except ConfigError:
+        except ConfigError as e:
+            msg = str(e)  # __post_init__ validates without knowing the file: name it here
+            if msg.startswith("<config>:") and source != "<config>":
+                raise ConfigError(source + msg[len("<config>"):]) from None
             raise
         except (TypeError, ValueError) as e:
             raise ConfigError(f"{source}: {e}") from None
