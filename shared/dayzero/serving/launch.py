@@ -71,13 +71,18 @@ class ManagedProcess:
             os.kill(self.proc.pid, signal.SIGKILL)
             self.proc.wait(10)
 
+    def terminate(self) -> None:
+        """SIGTERM its process group (does not wait)."""
+        if self.alive():
+            try:
+                os.killpg(self.proc.pid, signal.SIGTERM)
+            except ProcessLookupError:
+                pass
+
     def stop(self, grace: float = 10.0) -> None:
         if not self.alive():
             return
-        try:
-            os.killpg(self.proc.pid, signal.SIGTERM)
-        except ProcessLookupError:
-            return
+        self.terminate()
         try:
             self.proc.wait(grace)
         except subprocess.TimeoutExpired:

@@ -1,0 +1,268 @@
+"""The decode worker's engine thread: leases, landed KV, continuous batching, token fan-out.
+
+One thread owns the engine (it is not thread-safe). Everything else asks it to do things through
+``call(fn)`` (a Future). The loop::
+
+    while running:
+        run queued calls (allocate, add, abort, release)
+        mark leases whose KV landed (transport notifications); expire stale leases
+        if the engine has work: step() and hand each token to its request's sink
+        else: wait briefly for a call
+        refresh the load snapshot and the metrics
+
+A lease (``allocate``) holds blocks for a prompt's KV until a Generate consumes it; it expires
+``lease_seconds`` after allocation if the KV never lands, or ``lease_seconds`` after landing if
+no Generate comes to use it.
+"""
+
+from __future__ import annotations
+
+import concurrent.futures
+import logging
+import queue
+import threading
+import time
+import uuid
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+from dayzero.kvcache import KVCacheFullError
+from dayzero.rpc.v1 import transfer_pb2, worker_pb2
+from dayzero.runtime.engine import Engine, StepOutput
+from dayzero.runtime.sampling import SamplingParams
+from dayzero.serving.metrics import DecodeMetrics
+from dayzero.transfer import KVReceiver
+
+log = logging.getLogger(__name__)
+
+Sink = Callable[[object], None]   # receives StepOutput items or one Exception
+
+
+@dataclass
+class Lease:
+    request_id: str
+    lease_id: str
+    num_tokens: int
+    expires_at: float                                  # monotonic
+    landed: bool = False
+    waiters: list[Callable[[bool], None]] = field(default_factory=list)  # called with landed? on land/drop
+
+
+@dataclass
+class Running:
+    sink: Sink
+    route: str
+    started: float
+    last_token: float | None = None
+
+
+class DecodeWorker:
+    def __init__(self, engine: Engine, receiver: KVReceiver | None, metrics: DecodeMetrics, worker_id: str,
+                 lease_seconds: float = 30.0, max_waiting: int = 256):
+        self.engine = engine
+        self.receiver = receiver
+        self.metrics = metrics
+        self.worker_id = worker_id
+        self.lease_seconds = lease_seconds
+        self.max_waiting = max_waiting
+        self.leases: dict[str, Lease] = {}             # lease_id -> lease
+        self.running: dict[str, Running] = {}          # request_id -> sink
+        self._calls: queue.Queue = queue.Queue()
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._loop, name="decode-engine", daemon=True)
+        self.load = worker_pb2.WorkerLoad(worker_id=worker_id, role="decode")
+        metrics.max_batch.set(engine.config.max_num_seqs)
+        self._refresh()
+
+    # ---- thread plumbing ------------------------------------------------------------------------
+    def start(self) -> "DecodeWorker":
+        self._thread.start()
+        return self
+
+    def stop(self) -> None:
+        self._stop.set()
+        self._thread.join(timeout=10)
+
+    def call(self, fn: Callable[[], object]) -> concurrent.futures.Future:
+        fut: concurrent.futures.Future = concurrent.futures.Future()
+        self._calls.put((fn, fut))
+        return fut
+
+    def _run_calls(self, timeout: float) -> None:
+        try:
+            item = self._calls.get(timeout=timeout) if timeout > 0 else self._calls.get_nowait()
+        except queue.Empty:
+            return
+        while True:
+            fn, fut = item
+            if fut.set_running_or_notify_cancel():
+                try:
+                    fut.set_result(fn())
+                except BaseException as e:  # noqa: BLE001 - handed to the caller
+                    fut.set_exception(e)
+            try:
+                item = self._calls.get_nowait()
+            except queue.Empty:
+                return
+
+    def _loop(self) -> None:
+        while not self._stop.is_set():
+            busy = self.engine.has_unfinished()
+            self._run_calls(0 if busy else (0.001 if self.leases else 0.02))
+            self._poll_landed()
+            self._expire_leases()
+            if self.engine.has_unfinished():
+                t0 = time.perf_counter()
+                try:
+                    outputs = self.engine.step()
+                except Exception as e:  # noqa: BLE001 - fail the batch, keep the worker alive
+                    log.exception("engine step failed; aborting the running requests")
+                    self._fail_all(e)
+                    outputs = []
+                self.metrics.step.observe(time.perf_counter() - t0)
+                self._dispatch(outputs)
+            self._refresh()
+        self._fail_all(RuntimeError("decode worker shutting down"))
+
+    # ---- engine-thread operations ---------------------------------------------------------------
+    def allocate(self, request_id: str, prompt_tokens: int, lease_seconds: float) -> transfer_pb2.KVAllocation:
+        if prompt_tokens < 1:
+            raise ValueError("prompt_tokens must be >= 1")
+        self._admission_check()
+        alloc = self.engine.allocate(request_id, prompt_tokens)  # KVCacheFullError / ValueError
+        lease_id = uuid.uuid4().hex
+        seconds = lease_seconds if lease_seconds > 0 else self.lease_seconds
+        self.leases[lease_id] = Lease(request_id, lease_id, prompt_tokens, time.monotonic() + seconds)
+        return transfer_pb2.KVAllocation(
+            request_id=request_id, lease_id=lease_id, num_tokens=prompt_tokens,
+            layers=[transfer_pb2.LayerBlocks(block_ids=b) for b in alloc.layer_blocks],
+            expires_at_unix=time.time() + seconds)
+
+    def watch_lease(self, lease_id: str, request_id: str, cb: Callable[[bool], None]) -> None:
+        """``cb(True)`` once the lease's KV has landed, ``cb(False)`` if the lease is gone."""
+        lease = self.leases.get(lease_id)
+        if lease is None or lease.request_id != request_id:
+            cb(False)
+        elif lease.landed:
+            cb(True)
+        else:
+            lease.waiters.append(cb)
+
+    def add_prefilled(self, request_id: str, lease_id: str, prompt: list[int], first_token: int,
+                      params: SamplingParams, sink: Sink) -> str | None:
+        lease = self.leases.get(lease_id)
+        if lease is None or lease.request_id != request_id:
+            raise LookupError(f"no open lease {lease_id!r} for request {request_id!r} (expired or released)")
+        if not lease.landed:
+            raise LookupError(f"the KV of lease {lease_id!r} has not landed")
+        if len(prompt) != lease.num_tokens:
+            raise ValueError(f"lease {lease_id!r} holds {lease.num_tokens} tokens but the prompt has {len(prompt)}")
+        del self.leases[lease_id]
+        try:
+            reason = self.engine.add_prefilled(request_id, prompt, first_token, params)
+        except Exception:
+            self.engine.free(request_id)
+            raise
+        if reason is None:
+            self.running[request_id] = Running(sink, "disaggregated", time.perf_counter())
+        return reason
+
+    def add_local(self, request_id: str, prompt: list[int], params: SamplingParams, sink: Sink) -> None:
+        self._admission_check()
+        if not self.engine.kv.can_fit(None, len(prompt) + 1):
+            raise KVCacheFullError(f"KV cache full: {len(prompt)} prompt tokens do not fit now")
+        self.engine.add_request(request_id, prompt, params)
+        self.running[request_id] = Running(sink, "local", time.perf_counter())
+
+    def abort(self, request_id: str) -> bool:
+        self.running.pop(request_id, None)
+        return self.engine.abort(request_id)
+
+    def release(self, request_id: str, lease_id: str) -> int:
+        """Free a lease (or, with no lease id, whatever the request holds); blocks freed."""
+        before = self.engine.kv.num_used_blocks
+        for lid, lease in list(self.leases.items()):
+            if lease.request_id == request_id and (not lease_id or lid == lease_id):
+                self._drop_lease(lid)
+        if not lease_id:
+            self.abort(request_id)
+        return before - self.engine.kv.num_used_blocks
+
+    # ---- internals -------------------------------------------------------------------------------
+    def _admission_check(self) -> None:
+        if len(self.engine.scheduler.waiting) >= self.max_waiting:
+            raise KVCacheFullError(f"decode queue full ({self.max_waiting} requests waiting)")
+
+    def _drop_lease(self, lease_id: str, expired: bool = False) -> None:
+        lease = self.leases.pop(lease_id, None)
+        if lease is None:
+            return
+        self.engine.free(lease.request_id)
+        if expired:
+            self.metrics.leases_expired.inc()
+            log.warning("lease %s of %s expired (%s): blocks freed", lease_id, lease.request_id,
+                        "KV landed but never used" if lease.landed else "KV never landed")
+        for cb in lease.waiters:
+            cb(False)
+
+    def _poll_landed(self) -> None:
+        if self.receiver is None or not self.leases:
+            return
+        for request_id, lease_id in self.receiver.poll_landed():
+            lease = self.leases.get(lease_id)
+            if lease is None or lease.request_id != request_id:
+                log.info("KV landed for unknown lease %s (%s): ignored", lease_id, request_id)
+                continue
+            lease.landed = True
+            lease.expires_at = time.monotonic() + self.lease_seconds
+            for cb in lease.waiters:
+                cb(True)
+            lease.waiters.clear()
+
+    def _expire_leases(self) -> None:
+        now = time.monotonic()
+        for lid in [lid for lid, lease in self.leases.items() if lease.expires_at <= now]:
+            self._drop_lease(lid, expired=True)
+
+    def _dispatch(self, outputs: list[StepOutput]) -> None:
+        now = time.perf_counter()
+        for out in outputs:
+            run = self.running.get(out.request_id)
+            if run is None:
+                continue
+            if run.last_token is None:
+                self.metrics.ttft.labels(run.route).observe(now - run.started)
+            else:
+                self.metrics.itl.observe(now - run.last_token)
+            run.last_token = now
+            if out.finished:
+                del self.running[out.request_id]
+                self.metrics.requests.labels(out.finish_reason or "stop", run.route).inc()
+            run.sink(out)
+
+    def _fail_all(self, err: Exception) -> None:
+        for rid, run in list(self.running.items()):
+            self.engine.abort(rid)
+            run.sink(err)
+        self.running.clear()
+
+    def _refresh(self) -> None:
+        e, kv = self.engine, self.engine.kv
+        total = kv.full_alloc.num_blocks + kv.ring_alloc.num_blocks
+        used = kv.num_used_blocks
+        sched = e.scheduler
+        queued = sched.num_queued_tokens()
+        load = worker_pb2.WorkerLoad(
+            worker_id=self.worker_id, role="decode", queued_tokens=queued, queued_requests=len(sched.waiting),
+            running_requests=len(sched.running), kv_blocks_total=total, kv_blocks_used=used,
+            kv_blocks_free=total - used, open_leases=len(self.leases), ready=True)
+        self.load = load
+        m = self.metrics
+        m.running.set(load.running_requests)
+        m.waiting.set(load.queued_requests)
+        m.queued_tokens.set(queued)
+        m.kv_used.set(used)
+        m.kv_free.set(total - used)
+        m.kv_total.set(total)
+        m.kv_usage.set(used / total if total else 0.0)
+        m.leases.set(len(self.leases))

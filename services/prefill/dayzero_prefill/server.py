@@ -1,0 +1,72 @@
+"""gRPC face of the prefill worker: Prefill, Worker.GetLoad and grpc.health.v1."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+
+import grpc
+
+from dayzero.rpc.v1 import prefill_pb2_grpc, worker_pb2_grpc
+from dayzero.serving.protocol import sampling_from_proto
+from dayzero.transfer import IncompatiblePeer, TransferError
+
+from .worker import Cancelled, Job, PrefillWorker, QueueFull
+
+log = logging.getLogger(__name__)
+
+
+class PrefillServicer(prefill_pb2_grpc.PrefillServicer):
+    def __init__(self, worker: PrefillWorker):
+        self.worker = worker
+
+    async def Prefill(self, request, context):
+        m = self.worker.metrics
+        if not request.request_id or not request.prompt_token_ids:
+            await context.abort(grpc.StatusCode.INVALID_ARGUMENT, "request_id and prompt_token_ids are required")
+        if not request.target.lease_id or not request.receiver.transport:
+            await context.abort(grpc.StatusCode.INVALID_ARGUMENT, "target allocation and receiver are required")
+        try:
+            params = sampling_from_proto(request.sampling)
+        except ValueError as e:
+            await context.abort(grpc.StatusCode.INVALID_ARGUMENT, str(e))
+        job = Job(request, params)
+        try:
+            self.worker.submit(job)
+        except QueueFull as e:
+            m.requests.labels("rejected").inc()
+            await context.abort(grpc.StatusCode.RESOURCE_EXHAUSTED, str(e))
+        try:
+            resp = await asyncio.wrap_future(job.result)
+        except asyncio.CancelledError:
+            job.cancelled.set()  # the caller went away: the engine thread stops between chunks
+            job.result.cancel()
+            m.requests.labels("cancelled").inc()
+            raise
+        except Cancelled:
+            m.requests.labels("cancelled").inc()
+            await context.abort(grpc.StatusCode.CANCELLED, "prefill cancelled")
+        except IncompatiblePeer as e:
+            m.requests.labels("incompatible").inc()
+            await context.abort(grpc.StatusCode.FAILED_PRECONDITION, str(e))
+        except TransferError as e:
+            m.requests.labels("transfer_failed").inc()
+            code = grpc.StatusCode.FAILED_PRECONDITION if "--transport" in str(e) else grpc.StatusCode.UNAVAILABLE
+            await context.abort(code, f"KV transfer failed: {e}")
+        except ValueError as e:
+            m.requests.labels("invalid").inc()
+            await context.abort(grpc.StatusCode.INVALID_ARGUMENT, str(e))
+        except Exception as e:  # noqa: BLE001 - never leave the caller hanging
+            log.exception("prefill %s failed", request.request_id)
+            m.requests.labels("error").inc()
+            await context.abort(grpc.StatusCode.INTERNAL, f"prefill failed: {type(e).__name__}: {e}")
+        m.requests.labels("ok").inc()
+        return resp
+
+
+class WorkerServicer(worker_pb2_grpc.WorkerServicer):
+    def __init__(self, worker: PrefillWorker):
+        self.worker = worker
+
+    async def GetLoad(self, request, context):
+        return self.worker.load

@@ -1,0 +1,162 @@
+"""The prefill worker's engine thread: one request at a time from a queue.
+
+For each job: check the receiver's handshake (before any compute), prefill the prompt chunk by
+chunk (a cancelled job stops between chunks), write the KV of the prompt into the decode
+worker's leased blocks through the transport, free the local blocks, return the first token.
+"""
+
+from __future__ import annotations
+
+import concurrent.futures
+import logging
+import queue
+import threading
+import time
+import uuid
+from dataclasses import dataclass, field
+
+from dayzero.rpc.v1 import prefill_pb2, worker_pb2
+from dayzero.runtime.engine import Engine
+from dayzero.runtime.sampling import SamplingParams
+from dayzero.serving.metrics import PrefillMetrics
+from dayzero.serving.protocol import token_logprob
+from dayzero.transfer import KVSender, TransferError, TransferPlan, check_compatible
+
+log = logging.getLogger(__name__)
+
+
+class Cancelled(Exception):
+    """The caller went away; the job stopped and freed what it held."""
+
+
+class QueueFull(Exception):
+    """Too many prompt tokens queued (backpressure: RESOURCE_EXHAUSTED)."""
+
+
+@dataclass
+class Job:
+    request: prefill_pb2.PrefillRequest
+    params: SamplingParams
+    enqueued: float = field(default_factory=time.perf_counter)
+    cancelled: threading.Event = field(default_factory=threading.Event)
+    result: concurrent.futures.Future = field(default_factory=concurrent.futures.Future)
+
+    @property
+    def num_tokens(self) -> int:
+        return len(self.request.prompt_token_ids)
+
+
+class PrefillWorker:
+    def __init__(self, engine: Engine, sender: KVSender, metrics: PrefillMetrics, worker_id: str,
+                 max_queued_tokens: int = 1 << 20, transfer_timeout: float = 30.0, chunk_delay: float = 0.0):
+        self.engine = engine
+        self.sender = sender
+        self.metrics = metrics
+        self.worker_id = worker_id
+        self.max_queued_tokens = max_queued_tokens
+        self.transfer_timeout = transfer_timeout
+        self.chunk_delay = chunk_delay        # fault-injection seam for tests: sleep after each chunk
+        self._jobs: queue.Queue[Job | None] = queue.Queue()
+        self._lock = threading.Lock()
+        self._queued_tokens = 0
+        self._queued_requests = 0
+        self._running = False
+        self._thread = threading.Thread(target=self._loop, name="prefill-engine", daemon=True)
+        self.load = worker_pb2.WorkerLoad(worker_id=worker_id, role="prefill")
+        self._refresh()
+
+    def start(self) -> "PrefillWorker":
+        self._thread.start()
+        return self
+
+    def stop(self) -> None:
+        self._jobs.put(None)
+        self._thread.join(timeout=10)
+
+    def submit(self, job: Job) -> Job:
+        with self._lock:
+            if self._queued_tokens and self._queued_tokens + job.num_tokens > self.max_queued_tokens:
+                raise QueueFull(f"prefill queue full: {self._queued_tokens} tokens queued "
+                                f"(limit {self.max_queued_tokens})")
+            self._queued_tokens += job.num_tokens
+            self._queued_requests += 1
+        self._refresh()
+        self._jobs.put(job)
+        return job
+
+    def _loop(self) -> None:
+        while True:
+            job = self._jobs.get()
+            if job is None:
+                return
+            if job.result.set_running_or_notify_cancel():
+                try:
+                    job.result.set_result(self._run(job))
+                except BaseException as e:  # noqa: BLE001 - handed to the caller
+                    job.result.set_exception(e)
+            with self._lock:
+                self._queued_tokens -= job.num_tokens
+                self._queued_requests -= 1
+            self._refresh()
+
+    def _run(self, job: Job) -> prefill_pb2.PrefillResponse:
+        req = job.request
+        waited = time.perf_counter() - job.enqueued
+        self.metrics.queue_wait.observe(waited)
+        if job.cancelled.is_set():
+            raise Cancelled(req.request_id)
+        # handshake before any compute: an incompatible receiver is refused at once
+        check_compatible(self.sender.memory.compat, req.receiver.compat, "decode worker")
+        if req.receiver.transport != self.sender.name:
+            raise TransferError(f"the decode worker receives KV over {req.receiver.transport!r} but this prefill "
+                                f"worker sends over {self.sender.name!r}; start both with the same --transport")
+        n = len(req.prompt_token_ids)
+        if req.target.num_tokens != n:
+            raise ValueError(f"the decode allocation holds {req.target.num_tokens} tokens, the prompt has {n}")
+        local_id = f"{req.request_id}/{uuid.uuid4().hex[:8]}"
+        self._running = True
+        t0 = time.perf_counter()
+        try:
+            def on_chunk(_rid: str, done: int) -> None:
+                if self.chunk_delay:
+                    time.sleep(self.chunk_delay)
+                if job.cancelled.is_set():
+                    raise Cancelled(req.request_id)
+
+            sample = self.engine.prefill_only(local_id, list(req.prompt_token_ids), job.params, on_chunk=on_chunk)
+            compute = time.perf_counter() - t0
+            self.metrics.compute.observe(compute)
+            if job.cancelled.is_set():
+                raise Cancelled(req.request_id)
+            src = self.engine.kv.layer_blocks(local_id, n)
+            dst = [list(layer.block_ids) for layer in req.target.layers]
+            plan = TransferPlan.from_blocks(req.request_id, req.target.lease_id, src, dst)
+            try:
+                result = self.sender.send(req.receiver, plan, timeout=self.transfer_timeout)
+            except TransferError as e:
+                self.metrics.kv_failures.labels(self.sender.name, type(e).__name__).inc()
+                raise
+            self.metrics.kv_seconds.labels(result.transport).observe(result.seconds)
+            self.metrics.kv_bytes.labels(result.transport).inc(result.bytes)
+        finally:
+            self.engine.free(local_id)
+            self._running = False
+        resp = prefill_pb2.PrefillResponse(first_token_id=sample.token_id, kv_bytes=result.bytes,
+                                           kv_transfer_seconds=result.seconds, prefill_seconds=compute,
+                                           queue_seconds=waited, transport=result.transport)
+        if job.params.logprobs is not None:
+            resp.first_logprob.CopyFrom(token_logprob(sample.token_id, sample.logprob, sample.top_logprobs))
+        return resp
+
+    def _refresh(self) -> None:
+        kv = self.engine.kv
+        total = kv.full_alloc.num_blocks + kv.ring_alloc.num_blocks
+        used = kv.num_used_blocks
+        with self._lock:
+            queued, nreq = self._queued_tokens, self._queued_requests
+        self.load = worker_pb2.WorkerLoad(worker_id=self.worker_id, role="prefill", queued_tokens=queued,
+                                          queued_requests=nreq, running_requests=1 if self._running else 0,
+                                          kv_blocks_total=total, kv_blocks_used=used, kv_blocks_free=total - used,
+                                          ready=True)
+        self.metrics.queued_tokens.set(queued)
+        self.metrics.queue_length.set(nreq)

@@ -1,0 +1,100 @@
+"""``python -m dayzero_router``: the router (Router.Generate over gRPC, HTTP health/metrics).
+
+``--redis-url`` names the registry: ``redis://HOST:PORT[/DB]``, or ``memory://`` to host an
+in-process registry here (workers then use ``--redis-url router://THIS_HOST:PORT``).
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import sys
+
+import grpc
+
+from dayzero.serving.grpc_util import SERVER_OPTIONS, add_health, install_stop_handlers, set_serving, setup_logging
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="python -m dayzero_router", description="dayzero router")
+    p.add_argument("--host", default="0.0.0.0")
+    p.add_argument("--port", type=int, default=50051)
+    p.add_argument("--redis-url", required=True, help="redis://HOST:PORT[/DB], or memory:// (in-process registry)")
+    p.add_argument("--http-port", type=int, default=9100)
+    p.add_argument("--disagg-threshold", type=int, default=256,
+                   help="prompts shorter than this many tokens are prefilled on the decode worker")
+    p.add_argument("--allocate-timeout", type=float, default=10.0)
+    p.add_argument("--prefill-timeout", type=float, default=120.0)
+    p.add_argument("--token-timeout", type=float, default=60.0, help="longest wait for the next decode message")
+    p.add_argument("--kv-wait-seconds", type=float, default=30.0)
+    p.add_argument("--log-level", default="INFO")
+    return p
+
+
+async def serve(args) -> int:
+    log = setup_logging("router", args.log_level)
+    from dayzero.registry import open_registry
+    from dayzero.registry.memory import InProcessRegistry, RegistryServicer
+    from dayzero.rpc.v1 import router_pb2_grpc, worker_pb2_grpc
+    from dayzero.serving.http import HealthServer
+    from dayzero.serving.metrics import RouterMetrics
+
+    from .server import RouterConfig, RouterServicer
+    from .workers import WorkerView
+
+    try:
+        registry = open_registry(args.redis_url)
+    except ValueError as e:
+        log.error("%s", e)
+        return 2
+    if isinstance(registry, InProcessRegistry):
+        log.info("no Redis: hosting an in-process registry (workers heartbeat to router://<this host>:%d)", args.port)
+    metrics = RouterMetrics.create()
+    view = WorkerView(registry)
+    config = RouterConfig(disagg_threshold=args.disagg_threshold, allocate_timeout=args.allocate_timeout,
+                          prefill_timeout=args.prefill_timeout, token_timeout=args.token_timeout,
+                          kv_wait_seconds=args.kv_wait_seconds)
+    server = grpc.aio.server(options=SERVER_OPTIONS)
+    router_pb2_grpc.add_RouterServicer_to_server(RouterServicer(view, config, metrics), server)
+    if isinstance(registry, InProcessRegistry):
+        worker_pb2_grpc.add_RegistryServicer_to_server(RegistryServicer(registry), server)
+    health = add_health(server, [])
+    if server.add_insecure_port(f"{args.host}:{args.port}") == 0:
+        log.error("cannot bind gRPC port %s:%d", args.host, args.port)
+        return 2
+    await server.start()
+    view.start()
+
+    def ready() -> tuple[bool, str]:
+        if not view.registry_ok:
+            return False, f"registry unreadable: {view.registry_error}"
+        for role in ("decode",):
+            n = len(view.live(role))
+            metrics.workers.labels(role).set(n)
+        metrics.workers.labels("prefill").set(len(view.live("prefill")))
+        if not view.live("decode"):
+            return False, "no decode worker registered"
+        return True, ""
+
+    http = HealthServer(args.host, args.http_port, metrics.registry, ready, "router").start()
+    await set_serving(health, ["dayzero.rpc.v1.Router"], True)
+    log.info("router serving on %s:%d (HTTP %d), registry %s, disaggregation threshold %d tokens",
+             args.host, args.port, http.port, registry.url, args.disagg_threshold)
+    stop = asyncio.Event()
+    install_stop_handlers(stop)
+    await stop.wait()
+    log.info("stopping")
+    await set_serving(health, ["dayzero.rpc.v1.Router"], False)
+    await server.stop(2)
+    await view.close()
+    http.stop()
+    return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    return asyncio.run(serve(args))
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,77 @@
+"""The router's view of the workers: a registry snapshot refreshed in the background, gRPC
+channels per worker, and short-lived suspicion of workers whose calls just failed."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+
+import grpc
+
+from dayzero.registry import Registry, RegistryError
+from dayzero.rpc.v1 import decode_pb2_grpc, prefill_pb2_grpc, worker_pb2
+from dayzero.serving.grpc_util import CHANNEL_OPTIONS
+
+log = logging.getLogger(__name__)
+
+
+class WorkerView:
+    def __init__(self, registry: Registry, refresh_seconds: float = 0.25, suspect_seconds: float = 3.0):
+        self.registry = registry
+        self.refresh_seconds = refresh_seconds
+        self.suspect_seconds = suspect_seconds
+        self.records: list[worker_pb2.WorkerRecord] = []
+        self.registry_ok = False
+        self.registry_error = "not read yet"
+        self._suspect: dict[str, float] = {}            # worker_id -> until (monotonic)
+        self._channels: dict[str, grpc.aio.Channel] = {}
+        self.pending_blocks: dict[str, int] = {}        # decode worker -> blocks placed, not yet in its load
+        self.pending_tokens: dict[str, int] = {}        # prefill worker -> tokens placed, not yet in its load
+        self._task: asyncio.Task | None = None
+
+    async def refresh(self) -> None:
+        try:
+            recs = await asyncio.to_thread(self.registry.list, "")
+            if not self.registry_ok:
+                log.info("registry %s readable: %d worker(s)", self.registry.url, len(recs))
+            self.records, self.registry_ok, self.registry_error = recs, True, ""
+        except RegistryError as e:
+            if self.registry_ok:
+                log.warning("registry unreadable, routing on the last snapshot: %s", e)
+            self.registry_ok, self.registry_error = False, str(e)
+
+    async def _run(self) -> None:
+        while True:
+            await self.refresh()
+            await asyncio.sleep(self.refresh_seconds)
+
+    def start(self) -> None:
+        self._task = asyncio.create_task(self._run())
+
+    async def close(self) -> None:
+        if self._task:
+            self._task.cancel()
+        for ch in self._channels.values():
+            await ch.close()
+
+    def live(self, role: str) -> list[worker_pb2.WorkerRecord]:
+        now = time.monotonic()
+        return [r for r in self.records if r.role == role and self._suspect.get(r.worker_id, 0) <= now]
+
+    def suspect(self, worker: worker_pb2.WorkerRecord, why: str) -> None:
+        log.warning("%s worker %s (%s) failed: %s; avoiding it for %.0fs", worker.role, worker.worker_id,
+                    worker.address, why, self.suspect_seconds)
+        self._suspect[worker.worker_id] = time.monotonic() + self.suspect_seconds
+
+    def channel(self, address: str) -> grpc.aio.Channel:
+        ch = self._channels.get(address)
+        if ch is None:
+            ch = self._channels[address] = grpc.aio.insecure_channel(address, options=CHANNEL_OPTIONS)
+        return ch
+
+    def decode_stub(self, w: worker_pb2.WorkerRecord) -> decode_pb2_grpc.DecodeStub:
+        return decode_pb2_grpc.DecodeStub(self.channel(w.address))
+
+    def prefill_stub(self, w: worker_pb2.WorkerRecord) -> prefill_pb2_grpc.PrefillStub:
+        return prefill_pb2_grpc.PrefillStub(self.channel(w.address))
