@@ -69,6 +69,7 @@ class Scheduler:
         self.budget = max_num_batched_tokens
         self.waiting: deque[Request] = deque()
         self.running: list[Request] = []
+        self.num_preemptions = 0
 
     def add(self, req: Request, front: bool = False) -> None:
         (self.waiting.appendleft if front else self.waiting.append)(req)
@@ -87,6 +88,7 @@ class Scheduler:
         self.running.remove(victim)
         self.kv.free(victim.request_id)
         victim.num_computed = 0
+        self.num_preemptions += 1
         self.waiting.appendleft(victim)
 
     def schedule(self) -> ScheduledBatch:
