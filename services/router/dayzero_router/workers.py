@@ -24,7 +24,7 @@ class WorkerView:
         self.records: list[worker_pb2.WorkerRecord] = []
         self.registry_ok = False
         self.registry_error = "not read yet"
-        self._suspect: dict[str, float] = {}            # worker_id -> until (monotonic)
+        self._suspect: dict[str, float] = {}            # address -> until (monotonic); a restart gets a new one
         self._channels: dict[str, grpc.aio.Channel] = {}
         self.pending_blocks: dict[str, int] = {}        # decode worker -> blocks placed, not yet in its load
         self.pending_tokens: dict[str, int] = {}        # prefill worker -> tokens placed, not yet in its load
@@ -57,12 +57,12 @@ class WorkerView:
 
     def live(self, role: str) -> list[worker_pb2.WorkerRecord]:
         now = time.monotonic()
-        return [r for r in self.records if r.role == role and self._suspect.get(r.worker_id, 0) <= now]
+        return [r for r in self.records if r.role == role and self._suspect.get(r.address, 0) <= now]
 
     def suspect(self, worker: worker_pb2.WorkerRecord, why: str) -> None:
         log.warning("%s worker %s (%s) failed: %s; avoiding it for %.0fs", worker.role, worker.worker_id,
                     worker.address, why, self.suspect_seconds)
-        self._suspect[worker.worker_id] = time.monotonic() + self.suspect_seconds
+        self._suspect[worker.address] = time.monotonic() + self.suspect_seconds
 
     def channel(self, address: str) -> grpc.aio.Channel:
         ch = self._channels.get(address)
