@@ -7,14 +7,14 @@ import random
 
 import numpy as np
 import pytest
-from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
+from prometheus_client import CollectorRegistry, Gauge, Histogram, generate_latest
 
 from dayzero_router.autoscale import (
     DECODE_KV_BLOCKS_TOTAL,
     DECODE_KV_BLOCKS_USED,
     DECODE_MAX_BATCH,
     DECODE_RUNNING_REQUESTS,
-    PREFILL_BUSY_SECONDS,
+    PREFILL_COMPUTE_SECONDS,
     PREFILL_QUEUED_TOKENS,
     ROUTER_ITL_SECONDS,
     ROUTER_TTFT_SECONDS,
@@ -27,11 +27,6 @@ from dayzero_router.autoscale_metrics import (
 )
 
 BUCKETS = (0.05, 0.1, 0.25, 0.5, 1.0, 2.0, 4.0, 8.0, 16.0)
-
-
-def _base(name: str) -> str:
-    """prometheus_client appends _total to counters itself."""
-    return name[: -len("_total")] if name.endswith("_total") else name
 
 
 class RouterPod:
@@ -48,7 +43,7 @@ class PrefillPod:
     def __init__(self):
         self.registry = CollectorRegistry()
         self.queued = Gauge(PREFILL_QUEUED_TOKENS, "queued", registry=self.registry)
-        self.busy = Counter(_base(PREFILL_BUSY_SECONDS), "busy", registry=self.registry)
+        self.compute = Histogram(PREFILL_COMPUTE_SECONDS, "compute", registry=self.registry)
 
     def text(self) -> str:
         return generate_latest(self.registry).decode()
@@ -121,8 +116,9 @@ def test_sample_from_worker_metrics():
     d = s0.decode
     assert (d.kv_blocks_used, d.kv_blocks_total, d.kv_blocks_per_pod) == (400, 1800, 800)
     assert (d.running_requests, d.max_batch_per_pod, d.itl_seconds) == (16, 32, None)
-    pre[0].busy.inc(6.0)
-    pre[1].busy.inc(15.0)
+    for x in (2.0, 4.0):
+        pre[0].compute.observe(x)
+    pre[1].compute.observe(15.0)
     s1 = builder.build(20.0, 3, 2, [], [parse_metrics(f"p{i}", p.text()) for i, p in enumerate(pre)], [])
     assert s1.prefill.busy_pods == pytest.approx((6.0 + 15.0) / 20.0)
     assert s1.decode is None  # no decode pod answered: no data, the planner holds
@@ -142,3 +138,12 @@ def test_quantile_edge_cases():
 def test_garbage_is_a_clear_error():
     with pytest.raises(MetricsFormatError, match="pod x"):
         parse_metrics("x", "this is { not prometheus\n")
+
+
+def test_names_match_what_the_services_export():
+    """The planner's constants and the services' metric names (dayzero.serving.metrics) agree."""
+    served = pytest.importorskip("dayzero.serving.metrics")
+    from dayzero_router import autoscale
+
+    exported = {v for k, v in vars(served).items() if k.isupper() and isinstance(v, str) and v.startswith("dayzero_")}
+    assert set(autoscale.METRIC_NAMES) <= exported, set(autoscale.METRIC_NAMES) - exported

@@ -11,14 +11,14 @@ import urllib.request
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 import pytest
-from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, start_http_server
+from prometheus_client import CollectorRegistry, Gauge, Histogram, start_http_server
 
 from dayzero_router.autoscale import (
     DECODE_KV_BLOCKS_TOTAL,
     DECODE_KV_BLOCKS_USED,
     DECODE_MAX_BATCH,
     DECODE_RUNNING_REQUESTS,
-    PREFILL_BUSY_SECONDS,
+    PREFILL_COMPUTE_SECONDS,
     PREFILL_QUEUED_TOKENS,
     ROUTER_TTFT_SECONDS,
 )
@@ -91,7 +91,7 @@ def test_loop_scrapes_decides_and_patches(exporters):
     busy = {}
     for p in ("p0", "p1"):
         Gauge(PREFILL_QUEUED_TOKENS, "q", registry=regs[p]).set(500)
-        busy[p] = Counter(PREFILL_BUSY_SECONDS[: -len("_total")], "b", registry=regs[p])
+        busy[p] = Histogram(PREFILL_COMPUTE_SECONDS, "c", registry=regs[p])
     for d, running in (("d0", 5), ("d1", 0)):
         Gauge(DECODE_RUNNING_REQUESTS, "r", registry=regs[d]).set(running)
         Gauge(DECODE_KV_BLOCKS_USED, "u", registry=regs[d]).set(running * 3)
@@ -112,7 +112,7 @@ def test_loop_scrapes_decides_and_patches(exporters):
     for _ in range(40):
         ttft.observe(9.0)  # first tokens take 9 s against a 2 s target
     for p in busy.values():
-        p.inc(15.0)
+        p.observe(15.0)
     pre, _ = loop.tick(15.0)
     assert pre.desired > 2 and pre.reason.startswith("ttft")
     assert ("scale", "dz-prefill", pre.desired) in cluster.calls

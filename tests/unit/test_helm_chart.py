@@ -4,6 +4,9 @@ and the wiring checked: GPUs, env, args on the pinned ports, probes, selectors, 
 
 from __future__ import annotations
 
+import contextlib
+import importlib
+import io
 import json
 from pathlib import Path
 
@@ -154,6 +157,32 @@ def test_commands_and_pinned_ports(rendered):
     router_svc = services[host]
     grpc = [p for p in router_svc["spec"]["ports"] if p["name"] == "grpc"][0]
     assert grpc["port"] == int(port) == 50051
+
+
+def test_services_accept_the_rendered_command_lines(rendered):
+    """Each container's args go through the service's own argument parser (build_parser)."""
+    name, docs = rendered
+    parsed = {}
+    for comp in COMPONENTS:
+        try:
+            mod = importlib.import_module(f"dayzero_{comp}.__main__")
+        except ImportError as e:
+            pytest.skip(f"dayzero_{comp} cannot be imported yet: {e}")
+        args = [a.replace("$(POD_IP)", "10.1.2.3") for a in main_container(workload(docs, comp))["args"]]
+        err = io.StringIO()
+        with contextlib.redirect_stderr(err):
+            try:
+                parsed[comp] = mod.build_parser().parse_args(args)
+            except SystemExit:
+                pytest.fail(f"{name}: dayzero_{comp} rejects the chart's args {args}: {err.getvalue()}")
+    assert parsed["prefill"].port == 50061 and parsed["decode"].port == 50071
+    assert parsed["router"].port == 50051 and parsed["frontend"].port == 8000
+    assert parsed["prefill"].block_size == parsed["decode"].block_size  # KV blocks move between them
+    assert parsed["prefill"].max_model_len == parsed["decode"].max_model_len
+    assert parsed["prefill"].transport == parsed["decode"].transport
+    max_len = values_of(name).get("model", {}).get("maxModelLen", 0)
+    if max_len:
+        assert parsed["frontend"].max_model_len == parsed["decode"].max_model_len == max_len
 
 
 def test_probes_hit_real_endpoints(rendered):

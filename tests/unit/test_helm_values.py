@@ -138,3 +138,13 @@ def test_long_release_names_stay_valid_dns_labels():
     docs = render({}, release="a-very-long-release-name-for-a-serving-stack-x")
     for d in docs:
         assert len(d["metadata"]["name"]) <= 63, d["metadata"]["name"]
+
+
+def test_prefill_follows_decode_block_size_and_context():
+    docs = render({"decode": {"blockSize": 64}, "model": {"maxModelLen": 32768}})
+    for comp in ("prefill", "decode"):
+        args = container(docs, comp)["args"]
+        assert args[args.index("--block-size") + 1] == "64"
+        assert args[args.index("--max-model-len") + 1] == "32768"
+    args = container(docs, "frontend")["args"]
+    assert args[args.index("--max-model-len") + 1] == "32768"

@@ -30,9 +30,12 @@ import math
 from collections import deque
 from dataclasses import dataclass
 
-# Metric names the services export in Prometheus text on their HTTP port's /metrics.
+# Metric names the services export in Prometheus text on their HTTP port's /metrics (the services
+# take theirs from dayzero.serving.metrics; a unit test keeps the two lists equal).
 PREFILL_QUEUED_TOKENS = "dayzero_prefill_queued_tokens"  # gauge: prompt tokens waiting or being prefilled
-PREFILL_BUSY_SECONDS = "dayzero_prefill_busy_seconds_total"  # counter: seconds spent computing prefills
+PREFILL_COMPUTE_SECONDS = "dayzero_prefill_compute_seconds"  # histogram: prompt compute time; the rate
+# of its _sum (PREFILL_BUSY_SECONDS) is the pod's busy fraction
+PREFILL_BUSY_SECONDS = PREFILL_COMPUTE_SECONDS + "_sum"
 DECODE_RUNNING_REQUESTS = "dayzero_decode_running_requests"  # gauge: sequences holding KV in the pod
 DECODE_KV_BLOCKS_USED = "dayzero_decode_kv_blocks_used"  # gauge: blocks held by requests and leases
 DECODE_KV_BLOCKS_TOTAL = "dayzero_decode_kv_blocks_total"  # gauge: blocks in the pod's pool
@@ -42,7 +45,7 @@ ROUTER_ITL_SECONDS = "dayzero_router_inter_token_latency_seconds"  # histogram: 
 
 METRIC_NAMES = (
     PREFILL_QUEUED_TOKENS,
-    PREFILL_BUSY_SECONDS,
+    PREFILL_COMPUTE_SECONDS,
     DECODE_RUNNING_REQUESTS,
     DECODE_KV_BLOCKS_USED,
     DECODE_KV_BLOCKS_TOTAL,

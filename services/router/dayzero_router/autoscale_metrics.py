@@ -1,10 +1,11 @@
 """From the pods' Prometheus text to a `ClusterSample` for the planner (pure: text in, sample out).
 
 Gauges and counters are summed over label sets within a pod (a counter under its exported
-`_total` name). Counters become rates between two scrapes of the same pod. Latency histograms are cumulative, so the
-quantile of one planner interval comes from the difference between two scrapes of the same pod
-(a counter reset, i.e. a restarted pod, counts from zero), summed over pods bucket by bucket, then
-interpolated inside the bucket as Prometheus' histogram_quantile does.
+`_total` name, a histogram's sum under `_sum`); counters become rates between two scrapes of the
+same pod. Latency histograms are cumulative, so the quantile of one planner interval comes from
+the difference between two scrapes of the same pod (a counter reset, i.e. a restarted pod, counts
+from zero), summed over pods bucket by bucket, then interpolated inside the bucket as Prometheus'
+histogram_quantile does.
 """
 
 from __future__ import annotations
@@ -68,6 +69,8 @@ def parse_metrics(pod: str, text: str) -> PodMetrics:
                 if s.name == fam.name + "_bucket":
                     le = float(s.labels["le"])
                     acc[le] = acc.get(le, 0.0) + s.value
+                elif s.name == fam.name + "_sum":  # cumulative, like a counter
+                    gauges[s.name] = gauges.get(s.name, 0.0) + s.value
         elif fam.type in ("gauge", "untyped", "counter"):
             key = fam.name + "_total" if fam.type == "counter" else fam.name
             for s in fam.samples:
