@@ -70,4 +70,5 @@ class Attention(nn.Module):
         o = ops.attention(q, k, v, k_cache, v_cache, tables, fb.cu_seqlens_q, fb.cached_lens, self.sinks,
                           self.scale, self.window)                                   # [T, Hq, D]
         ops.store_kv(k, v, k_cache, v_cache, fb.slots_sliding if sliding else fb.slots_full)
-        return self.par.reduce(ops.linear(o.reshape(T, -1), self.o_proj.lw))
+        y = ops.linear(o.reshape(T, -1), self.o_proj.lw)                            # [T, H] (partial under TP)
+        return self.par.reduce(y) if self.par.tp_size > 1 else y

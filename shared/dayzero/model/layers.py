@@ -57,8 +57,19 @@ class ParallelConfig:
     ep_size: int = 1
     all_reduce: Callable[[torch.Tensor], None] | None = None
 
+    def __post_init__(self) -> None:
+        world = max(self.tp_size, self.ep_size)
+        if self.tp_size not in (1, world) or self.ep_size not in (1, world):
+            raise ValueError(f"TP={self.tp_size} with EP={self.ep_size}: each must be 1 or the group size {world}")
+        if not (0 <= self.tp_rank < self.tp_size and 0 <= self.ep_rank < self.ep_size):
+            raise ValueError(f"rank out of range: tp {self.tp_rank}/{self.tp_size}, ep {self.ep_rank}/{self.ep_size}")
+        if world > 1 and self.all_reduce is None:
+            raise ValueError(f"TP={self.tp_size}/EP={self.ep_size} needs an all_reduce")
+
     def reduce(self, x: torch.Tensor) -> torch.Tensor:
-        if self.all_reduce is not None and (self.tp_size > 1 or self.ep_size > 1):
+        """Sum ``x`` over the group in place (callers reduce only what is split: TP for attention,
+        EP for experts)."""
+        if self.all_reduce is not None:
             self.all_reduce(x)
         return x
 

@@ -52,7 +52,10 @@ def load_weights(model: GptOssForEngine, tensors: Iterable[tuple[str, torch.Tens
             (unexpected.append(name) if pname not in params else
              _raise(f"{source}: tensor {name} appears twice"))
             return
-        params[pname].weight_loader(t, scale)
+        try:
+            params[pname].weight_loader(t, scale)
+        except WeightLoadError as e:
+            raise WeightLoadError(f"{source}: {e}") from None
         todo.discard(pname)
 
     for name, t in tensors:
