@@ -148,3 +148,14 @@ def test_prefill_follows_decode_block_size_and_context():
         assert args[args.index("--max-model-len") + 1] == "32768"
     args = container(docs, "frontend")["args"]
     assert args[args.index("--max-model-len") + 1] == "32768"
+
+
+def test_helm_test_hook_targets_the_frontend_service():
+    docs = render({"frontend": {"service": {"port": 80}}, "model": {"name": "m-x"}})
+    (pod,) = [d for d in docs if d["kind"] == "Pod"]
+    assert pod["metadata"]["annotations"]["helm.sh/hook"] == "test"
+    (svc,) = [d for d in docs if d["kind"] == "Service" and d["metadata"]["name"].endswith("-frontend")]
+    script = pod["spec"]["containers"][0]["args"][0]
+    assert f'"http://{svc["metadata"]["name"]}:{svc["spec"]["ports"][0]["port"]}"' in script
+    assert '"m-x" in models' in script
+    compile(script, "helm-test", "exec")  # the check itself is valid Python
