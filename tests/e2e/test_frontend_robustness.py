@@ -155,6 +155,37 @@ def test_malformed_harmony(env, case, stream):
     assert "Traceback" not in frontend.log()
 
 
+@pytest.mark.parametrize("stream", [False, True], ids=["whole", "stream"])
+@pytest.mark.parametrize("endpoint", ["chat", "completions"])
+def test_token_ids_outside_the_vocabulary(env, endpoint, stream):
+    """A broken model or router sends ids the encoding does not know: they are dropped."""
+    router, frontend, enc, client = env
+    router.reset()
+    before, after = fh.harmony_ids(enc, "<|channel|>final<|message|>ab"), fh.harmony_ids(enc, "cd<|return|>")
+    bogus = 1 + max(enc.encode(t, allowed_special="all")[0] for t in enc.special_tokens_set)
+    router.script({"chunks": [before, [bogus, bogus + 1000], after]})
+    path = "/v1/chat/completions" if endpoint == "chat" else "/v1/completions"
+    payload = {"model": fh.MODEL_NAME, "max_tokens": 50, "stream": stream, "logprobs": True}
+    payload.update({"messages": [{"role": "user", "content": "go"}]} if endpoint == "chat" else
+                   {"prompt": "go", "logprobs": 1})
+    if stream:
+        with client.stream("POST", path, json=payload) as resp:
+            assert resp.status_code == 200
+            events = [line[6:] for line in resp.iter_lines() if line.startswith("data: ")]
+        assert events[-1] == "[DONE]" and not any("error" in json.loads(ev) for ev in events[:-1])
+        choices = [c for ev in events[:-1] for c in json.loads(ev)["choices"]]
+        text = "".join((c.get("delta", {}).get("content") or "") if endpoint == "chat" else c["text"]
+                       for c in choices)
+    else:
+        resp = client.post(path, json=payload)
+        assert resp.status_code == 200, resp.text
+        c = resp.json()["choices"][0]
+        text = c["message"]["content"] if endpoint == "chat" else c["text"]
+    visible = enc.decode([t for t in before + after if not enc.is_special_token(t)])
+    assert text == ("abcd" if endpoint == "chat" else visible)
+    assert "Traceback" not in frontend.log()
+
+
 def test_partial_utf8_at_the_end(env):
     router, frontend, enc, client = env
     router.reset()

@@ -70,13 +70,13 @@ async def chat_completions(state: FrontendState, request: Request, req: ChatComp
             finished()
         body = ChatCompletionResponse(
             id=request_id, model=state.limits.model_name,
-            choices=[a.choice(i, state.chat.enc, want_logprobs) for i, a in enumerate(accs)],
+            choices=[a.choice(i, state.chat, want_logprobs) for i, a in enumerate(accs)],
             usage=chat_usage(len(prompt), runs))
         return JSONResponse(body.model_dump())
 
     primed = await prime([r.steps() for r in runs])
     include_usage = bool(req.stream_options and req.stream_options.include_usage)
-    chunks = ChatChunks(state.chat.enc, request_id, state.limits.model_name, int(time.time()), include_usage,
+    chunks = ChatChunks(state.chat, request_id, state.limits.model_name, int(time.time()), include_usage,
                         want_logprobs)
 
     def on_step(index: int, step: Step) -> list[str]:

@@ -8,13 +8,13 @@ from dataclasses import dataclass, field
 from typing import AsyncIterator
 
 from fastapi.responses import JSONResponse, Response, StreamingResponse
-from openai_harmony import HarmonyEncoding
 from starlette.requests import Request
 
 from dayzero.rpc.v1 import common_pb2, router_pb2
 
 from dayzero_frontend.choices import FINISHED, Step, StopMatcher
 from dayzero_frontend.errors import APIError, bad_request
+from dayzero_frontend.harmony import HarmonyChat
 from dayzero_frontend.harmony_parser import ContentDelta
 from dayzero_frontend.openai_protocol import (CompletionChoice, CompletionLogprobs, CompletionRequest,
                                               CompletionResponse, Usage)
@@ -32,7 +32,7 @@ class TextChoiceRun:
     """Decodes one Generate stream to text, holding back partial UTF-8 and stop-string prefixes."""
 
     stream: RouterStream
-    enc: HarmonyEncoding
+    chat: HarmonyChat
     stops: StopMatcher
     skip_special: bool
     completion_tokens: int = 0
@@ -49,7 +49,7 @@ class TextChoiceRun:
                     raise APIError(503, "router: the request was aborted downstream", code="aborted")
                 step = Step(token_ids=list(msg.token_ids), logprobs=list(msg.logprobs))
                 self.completion_tokens += len(step.token_ids)
-                hit = self._push(step, [t for t in msg.token_ids if not (self.skip_special and self.enc.is_special_token(t))])
+                hit = self._push(step, [t for t in msg.token_ids if self._visible(t)])
                 if hit or msg.finish_reason != common_pb2.FINISH_REASON_UNSPECIFIED:
                     yield self._finish(step, "stop" if hit else FINISHED.get(msg.finish_reason, "stop"), hit)
                     return
@@ -57,9 +57,14 @@ class TextChoiceRun:
         finally:
             self.stream.cancel()
 
+    def _visible(self, token: int) -> bool:
+        if not 0 <= token < self.chat.vocab_size:
+            return False
+        return not (self.skip_special and self.chat.enc.is_special_token(token))
+
     def _push(self, step: Step, tokens: list[int]) -> bool:
         self.pending.extend(tokens)
-        text = self.enc.decode(self.pending)
+        text = self.chat.decode(self.pending)
         if text.endswith("\ufffd") and len(self.pending) < MAX_PENDING:
             return False
         self.pending = []
@@ -70,7 +75,7 @@ class TextChoiceRun:
 
     def _finish(self, step: Step, reason: str, hit: bool = False) -> Step:
         if not hit:
-            tail = self.stops.push(self.enc.decode(self.pending))[0] if self.pending else ""
+            tail = self.stops.push(self.chat.decode(self.pending))[0] if self.pending else ""
             tail += self.stops.flush()
             if tail:
                 step.events.append(ContentDelta(tail))
@@ -100,14 +105,14 @@ def prompts_of(req: CompletionRequest, state: FrontendState) -> list[list[int]]:
     return out
 
 
-def text_logprobs(enc: HarmonyEncoding, steps: list[Step]) -> CompletionLogprobs:
+def text_logprobs(chat: HarmonyChat, steps: list[Step]) -> CompletionLogprobs:
     out, offset = CompletionLogprobs(), 0
     for step in steps:
         for e in step.logprobs:
-            token = enc.decode([e.token_id])
+            token = chat.decode([e.token_id])
             out.tokens.append(token)
             out.token_logprobs.append(e.logprob)
-            out.top_logprobs.append({enc.decode([t.token_id]): t.logprob for t in e.top})
+            out.top_logprobs.append({chat.decode([t.token_id]): t.logprob for t in e.top})
             out.text_offset.append(offset)
             offset += len(token)
     return out
@@ -132,7 +137,7 @@ async def completions(state: FrontendState, request: Request, req: CompletionReq
             sampling = sampling_params(req, budget, state.chat.completion_stop_ids, j, want_logprobs, top)
             stream = state.router.open(router_pb2.GenerateRequest(
                 request_id=f"{request_id}-{index}", prompt_token_ids=prompt, sampling=sampling))
-            runs.append(TextChoiceRun(stream, state.chat.enc, StopMatcher(stops), req.skip_special_tokens))
+            runs.append(TextChoiceRun(stream, state.chat, StopMatcher(stops), req.skip_special_tokens))
     prompt_tokens = sum(len(p) for p in prompts)
     state.metrics.prompt_tokens.inc(prompt_tokens)
     first_token = FirstToken(state.metrics, started, "completions")
@@ -146,7 +151,7 @@ async def completions(state: FrontendState, request: Request, req: CompletionReq
         state.metrics.latency.labels(endpoint="completions").observe(time.monotonic() - started)
 
     def choice(index: int, step: Step, text: str | None = None) -> CompletionChoice:
-        lp = text_logprobs(state.chat.enc, [step]) if want_logprobs else None
+        lp = text_logprobs(state.chat, [step]) if want_logprobs else None
         text = "".join(e.text for e in step.events) if text is None else text
         return CompletionChoice(index=index, text=text, finish_reason=step.finish_reason, logprobs=lp)
 

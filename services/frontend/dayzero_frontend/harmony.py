@@ -36,11 +36,14 @@ class HarmonyChat:
         self.chat_stop_ids = sorted(enc.stop_tokens_for_assistant_actions())
         # Raw completions stop where the model's generation config does (plus <|endoftext|>).
         self.completion_stop_ids = sorted({*self.chat_stop_ids, self.ids.endoftext})
-        # Token ids run up to the last special (reserved) token.
-        self.vocab_size = 1 + max(enc.encode(s, allowed_special="all")[0] for s in enc.special_tokens_set)
+        self.vocab_size = self.ids.vocab_size
 
     def new_parser(self, tool_names: frozenset[str]) -> ChoiceParser:
         return ChoiceParser(self.enc, self.ids, tool_names)
+
+    def decode(self, ids: list[int]) -> str:
+        """Text of generated ids; ids outside the vocabulary (a broken model) decode to nothing."""
+        return self.enc.decode([t for t in ids if 0 <= t < self.vocab_size])
 
     def encode_prompt_text(self, text: str) -> list[int]:
         """A raw completion prompt: special-token text is taken as written (no chat format)."""

@@ -79,6 +79,7 @@ class HarmonyTokens:
     return_: int
     call: int
     endoftext: int
+    vocab_size: int  # ids run up to the last special (reserved) token
 
     @classmethod
     def from_encoding(cls, enc: HarmonyEncoding) -> "HarmonyTokens":
@@ -86,8 +87,9 @@ class HarmonyTokens:
             (tid,) = enc.encode(text, allowed_special="all")
             return tid
 
+        vocab_size = 1 + max(one(s) for s in enc.special_tokens_set)
         return cls(one("<|start|>"), one("<|end|>"), one("<|message|>"), one("<|channel|>"),
-                   one("<|constrain|>"), one("<|return|>"), one("<|call|>"), one("<|endoftext|>"))
+                   one("<|constrain|>"), one("<|return|>"), one("<|call|>"), one("<|endoftext|>"), vocab_size)
 
 
 @dataclass
@@ -117,6 +119,9 @@ class ChoiceParser:
         """Process one generated token; returns the deltas it produced."""
         if self.done:
             self._note("tokens_after_stop")
+            return []
+        if not 0 <= token < self.ids.vocab_size:
+            self._note("token_out_of_vocab")
             return []
         out: list[Event] = []
         try:

@@ -10,13 +10,13 @@ import asyncio
 from dataclasses import dataclass, field
 from typing import AsyncIterator
 
-from openai_harmony import HarmonyEncoding
 from pydantic import BaseModel
 from starlette.requests import Request
 
 from dayzero.rpc.v1 import common_pb2
 
 from dayzero_frontend.choices import Step
+from dayzero_frontend.harmony import HarmonyChat
 from dayzero_frontend.harmony_parser import ContentDelta, Event, ReasoningDelta, ToolCallBegin, ToolCallDelta
 from dayzero_frontend.openai_protocol import (AssistantMessageOut, ChatChoice, ChatChunkChoice, ChatCompletionChunk,
                                               ChatDelta, ChoiceLogprobs, FunctionCallOut, FunctionDeltaOut,
@@ -67,9 +67,9 @@ async def wait_for_disconnect(request: Request) -> None:
             return
 
 
-def logprob_entries(enc: HarmonyEncoding, entries: list[common_pb2.TokenLogprob]) -> list[TokenLogprobOut]:
+def logprob_entries(chat: HarmonyChat, entries: list[common_pb2.TokenLogprob]) -> list[TokenLogprobOut]:
     def one(token_id: int, logprob: float) -> TopLogprobOut:
-        text = enc.decode([token_id])
+        text = chat.decode([token_id])
         return TopLogprobOut(token=text, logprob=logprob, bytes=list(text.encode("utf-8")))
 
     out = []
@@ -112,7 +112,7 @@ def event_deltas(events: list[Event]) -> list[ChatDelta]:
 class ChatChunks:
     """Builds the SSE chunks of one streamed chat completion."""
 
-    enc: HarmonyEncoding
+    chat: HarmonyChat
     request_id: str
     model: str
     created: int
@@ -129,7 +129,7 @@ class ChatChunks:
     def step(self, index: int, step: Step) -> list[str]:
         logprobs = None
         if self.want_logprobs and step.logprobs:
-            logprobs = ChoiceLogprobs(content=logprob_entries(self.enc, step.logprobs))
+            logprobs = ChoiceLogprobs(content=logprob_entries(self.chat, step.logprobs))
         deltas = event_deltas(step.events)
         if step.finish_reason is not None or (not deltas and logprobs is not None):
             deltas.append(ChatDelta())
@@ -169,10 +169,10 @@ class ChatAccumulator:
         if step.finish_reason is not None:
             self.finish_reason = step.finish_reason
 
-    def choice(self, index: int, enc: HarmonyEncoding, want_logprobs: bool) -> ChatChoice:
+    def choice(self, index: int, chat: HarmonyChat, want_logprobs: bool) -> ChatChoice:
         calls = [ToolCallOut(id=i, function=FunctionCallOut(name=n, arguments=a)) for i, n, a in self.calls]
         message = AssistantMessageOut(
             content=self.content if (self.content or not calls) else None,
             reasoning=self.reasoning or None, reasoning_content=self.reasoning or None, tool_calls=calls)
-        logprobs = ChoiceLogprobs(content=logprob_entries(enc, self.logprobs)) if want_logprobs else None
+        logprobs = ChoiceLogprobs(content=logprob_entries(chat, self.logprobs)) if want_logprobs else None
         return ChatChoice(index=index, message=message, finish_reason=self.finish_reason, logprobs=logprobs)
