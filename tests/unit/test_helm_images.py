@@ -3,6 +3,7 @@ entrypoint module and ports the chart uses, and slim images whose service import
 
 from __future__ import annotations
 
+import json
 import os
 import re
 import subprocess
@@ -67,18 +68,90 @@ def test_chart_image_names_match_services():
         assert values["image"][svc] == f"dayzero/{svc}"
 
 
+SLIM_IMPORT = """
+import importlib, importlib.abc, json, sys
+blocked = set(json.loads(sys.argv[1]))
+
+
+class NotInImage(importlib.abc.MetaPathFinder):
+    def find_spec(self, name, path=None, target=None):
+        if name.split(".")[0] in blocked:
+            raise ModuleNotFoundError(f"No module named {name!r} (not in the image)", name=name)
+        return None
+
+
+sys.meta_path.insert(0, NotInImage())
+for name in sys.argv[2:]:
+    importlib.import_module(name)
+"""
+
+
+def pip_installs(ins: list[tuple[str, str]]) -> set[str]:
+    """Distribution names a Dockerfile's RUN pip install lines name (the project itself excluded)."""
+    from packaging.requirements import Requirement
+
+    names = set()
+    for k, a in ins:
+        if k != "RUN":
+            continue
+        for part in a.split("&&"):
+            words = part.split()
+            if words[:2] != ["pip", "install"]:
+                continue
+            for w in words[2:]:
+                w = w.strip("'\"")
+                if w and not w.startswith("-") and not w.startswith("."):
+                    names.add(Requirement(w).name)
+    return names
+
+
+def requirement_closure(names: set[str]) -> set[str]:
+    """The named distributions and everything they require (markers evaluated, extras skipped)."""
+    from importlib import metadata
+    from packaging.requirements import Requirement
+    from packaging.utils import canonicalize_name
+
+    seen: set[str] = set()
+    todo = [canonicalize_name(n) for n in names]
+    while todo:
+        n = todo.pop()
+        if n in seen:
+            continue
+        seen.add(n)
+        try:
+            reqs = metadata.requires(n) or []
+        except metadata.PackageNotFoundError:
+            continue
+        for r in map(Requirement, reqs):
+            if r.marker is None or r.marker.evaluate({"extra": ""}):
+                todo.append(canonicalize_name(r.name))
+    return seen
+
+
 @pytest.mark.parametrize("svc", ["frontend", "router"])
-def test_slim_service_imports_without_torch(svc):
-    """The slim images install the package without torch: no module of the service may need it."""
+def test_slim_image_holds_what_the_service_imports(svc):
+    """The slim images install the package without its dependencies plus a short list: every
+    module of the service must import with only that list's closure (and no torch) present."""
+    from packaging.utils import canonicalize_name
+
     pkg = ROOT / "services" / svc / f"dayzero_{svc}"
     modules = sorted(f"{pkg.name}.{p.stem}" for p in pkg.glob("*.py") if p.stem != "__main__")
     if not modules:
         pytest.skip(f"dayzero_{svc} has no modules yet")
-    code = ("import importlib, sys\n"
-            "sys.modules['torch'] = None  # any 'import torch' now raises ImportError\n"
-            f"for name in {modules!r}:\n"
-            "    importlib.import_module(name)\n")
+    if svc == "router":
+        modules += ["kubernetes.client", "kubernetes.config"]  # the planner imports them lazily
+    available = requirement_closure(pip_installs(instructions(ROOT / "services" / svc / "Dockerfile")))
+    assert "torch" not in available
+    # Every installed top-level module that no distribution of the image provides is made
+    # unimportable; optional imports (try/except) then fail as they would in the image.
+    from importlib import metadata
+
+    blocked = sorted(top for top, dists in metadata.packages_distributions().items()
+                     if not {canonicalize_name(d) for d in dists} & available
+                     and top not in ("dayzero", pkg.name))
+    assert "torch" in blocked
     env = {"PYTHONPATH": f"{ROOT / 'services' / svc}{os.pathsep}{ROOT / 'shared'}",
            "OMP_NUM_THREADS": "1", "PATH": os.environ.get("PATH", "")}
-    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, timeout=120)
-    assert r.returncode == 0, r.stderr[-2000:]
+    r = subprocess.run([sys.executable, "-c", SLIM_IMPORT, json.dumps(blocked), *modules],
+                       capture_output=True, text=True, env=env, timeout=120)
+    assert r.returncode == 0, f"dayzero_{svc} needs something its image lacks:\n{r.stderr[-2000:]}"
