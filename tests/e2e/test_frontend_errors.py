@@ -263,3 +263,12 @@ def test_ready_is_503_without_a_router(tmp_path):
         assert resp.status_code == 503 and resp.json()["error"]["code"] == "unavailable"
     finally:
         frontend.stop()
+
+
+def test_disconnect_before_the_first_token_cancels_downstream(e):
+    router, frontend, _, _ = e
+    router.script({"chunks": [], "hang": True})  # the router never sends a first message
+    with pytest.raises(httpx.ReadTimeout):
+        httpx.post(f"{frontend.base_url}/v1/chat/completions", json=chat(stream=True), headers=AUTH, timeout=1.0)
+    records = router.wait_for(lambda rs: rs and rs[-1]["done"])
+    assert records[-1]["cancelled"] is True

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import datetime as dt
+import logging
 import secrets
 import time
 
@@ -18,6 +19,9 @@ from dayzero_frontend.state import FrontendState
 from dayzero_frontend.streaming import ChatAccumulator, ChatChunks
 from dayzero_frontend.validation import (check_model, check_ranges, check_tools, logprob_settings, max_new_tokens,
                                          sampling_params, stop_strings)
+
+
+log = logging.getLogger("dayzero.frontend")
 
 
 def chat_usage(prompt_len: int, runs: list[ChatChoiceRun]) -> Usage:
@@ -53,6 +57,8 @@ async def chat_completions(state: FrontendState, request: Request, req: ChatComp
     def finished() -> None:
         for run in runs:
             state.metrics.record_anomalies(run.parser.anomalies)
+            if run.parser.anomalies:
+                log.info("%s-%d: repaired Harmony output: %s", request_id, run.index, ",".join(run.parser.anomalies))
             state.metrics.completion_tokens.inc(run.completion_tokens)
         state.metrics.latency.labels(endpoint="chat").observe(time.monotonic() - started)
 
@@ -74,7 +80,10 @@ async def chat_completions(state: FrontendState, request: Request, req: ChatComp
             usage=chat_usage(len(prompt), runs))
         return JSONResponse(body.model_dump())
 
-    primed = await prime([r.steps() for r in runs])
+    primed = await prime(request, [r.steps() for r in runs], state.metrics)
+    if primed is None:
+        finished()
+        return Response(status_code=499)
     include_usage = bool(req.stream_options and req.stream_options.include_usage)
     chunks = ChatChunks(state.chat, request_id, state.limits.model_name, int(time.time()), include_usage,
                         want_logprobs)

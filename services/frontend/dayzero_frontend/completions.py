@@ -171,7 +171,10 @@ async def completions(state: FrontendState, request: Request, req: CompletionReq
         body = CompletionResponse(id=request_id, model=state.limits.model_name, choices=choices, usage=usage())
         return JSONResponse(body.model_dump())
 
-    primed = await prime([r.steps() for r in runs])
+    primed = await prime(request, [r.steps() for r in runs], state.metrics)
+    if primed is None:
+        finished()
+        return Response(status_code=499)
     created = int(time.time())
     include_usage = bool(req.stream_options and req.stream_options.include_usage)
 

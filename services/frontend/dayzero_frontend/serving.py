@@ -38,9 +38,24 @@ async def _chain(first: Step, rest: AsyncIterator[Step]) -> AsyncIterator[Step]:
         yield step
 
 
-async def prime(runs: list[AsyncIterator[Step]]) -> list[AsyncIterator[Step]]:
-    """Wait for every choice's first step so that early router errors become HTTP statuses."""
-    firsts = await asyncio.gather(*(anext(r) for r in runs), return_exceptions=True)
+async def prime(request: Request, runs: list[AsyncIterator[Step]],
+                metrics: FrontendMetrics) -> list[AsyncIterator[Step]] | None:
+    """Wait for every choice's first step so that early router errors become HTTP statuses.
+
+    None when the client went away meanwhile (the calls are then cancelled)."""
+    firsts_task = asyncio.ensure_future(asyncio.gather(*(anext(r) for r in runs), return_exceptions=True))
+    watcher = asyncio.create_task(wait_for_disconnect(request))
+    try:
+        done, _ = await asyncio.wait({firsts_task, watcher}, return_when=asyncio.FIRST_COMPLETED)
+    finally:
+        watcher.cancel()
+    if firsts_task not in done:
+        firsts_task.cancel()
+        await asyncio.gather(firsts_task, return_exceptions=True)
+        await asyncio.gather(*(r.aclose() for r in runs), return_exceptions=True)
+        metrics.client_disconnects.inc()
+        return None
+    firsts = firsts_task.result()
     failure = next((f for f in firsts if isinstance(f, BaseException)), None)
     if failure is not None:
         await asyncio.gather(*(r.aclose() for r in runs), return_exceptions=True)
