@@ -77,6 +77,26 @@ def _file_of(d, name):
 
 
 def test_tiny_is_fast(tmp_path):
-    t0 = time.perf_counter()
+    t0 = time.process_time()  # CPU seconds of this process: robust to other jobs on the machine
     write_random_checkpoint(preset("tiny"), tmp_path)
-    assert time.perf_counter() - t0 < 3.0
+    cpu = time.process_time() - t0
+    print(f"tiny checkpoint: {cpu:.2f} CPU s")
+    assert cpu < 3.0
+
+
+def test_writer_surfaces_producer_errors(tmp_path):
+    import pytest
+
+    from dayzero.weights.safetensors_io import TensorSource, write_sharded
+
+    def bad():
+        yield torch.zeros(2, 4)
+        raise OSError("disk on fire")
+
+    def short():
+        yield torch.zeros(1, 4)
+
+    for produce, err in ((bad, OSError), (short, RuntimeError)):
+        with pytest.raises(err):
+            write_sharded(tmp_path, [TensorSource("x", (4, 4), torch.float32, produce)], 1 << 20)
+        assert not any(p.name.endswith(".safetensors") for p in tmp_path.iterdir())

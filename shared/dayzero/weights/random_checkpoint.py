@@ -26,6 +26,7 @@ import sys
 import zlib
 from collections.abc import Iterator
 
+import numpy as np
 import torch
 
 from dayzero.config import ModelConfig, preset
@@ -36,15 +37,15 @@ from dayzero.weights.safetensors_io import TensorSource, write_sharded
 DEFAULT_MAX_SHARD_BYTES = 4 * 1024**3
 CHUNK_ELEMS = 1 << 23
 CODE_SIGMA = 2.0     # std of the pre-rounding Gaussian, in units of the block scale
-LUT_SIZE = 4096
+LUT_SIZE = 256
 OUTLIER_P, OUTLIER_SHIFT = 1 / 32, 2  # 1 block in 32 has its scale x4
 # std of each weight kind in units of 1/sqrt(fan_in) (trained-model-like: layer updates are small
 # next to the residual stream, logits are peaked)
 GATE_UP_STD, DOWN_STD, O_PROJ_STD, LM_HEAD_STD = 1.0, 0.25, 0.5, 5.0
 
 
-def _generator(seed: int, name: str) -> torch.Generator:
-    return torch.Generator().manual_seed(zlib.crc32(f"{seed}/{name}".encode()))
+def _tensor_seed(seed: int, name: str) -> int:
+    return zlib.crc32(f"{seed}/{name}".encode())
 
 
 def fp4_code_lut(sigma: float = CODE_SIGMA, size: int = LUT_SIZE) -> torch.Tensor:
@@ -72,31 +73,40 @@ def _normal_chunks(gen: torch.Generator, shape: tuple[int, ...], std: float, mea
     rows = max(1, CHUNK_ELEMS // max(1, row))
     for r0 in range(0, shape[0], rows):
         n = min(rows, shape[0] - r0)
-        t = torch.randn((n, *shape[1:]), generator=gen) * std + mean
-        yield t.to(torch.bfloat16)
+        t = torch.randn((n, *shape[1:]), generator=gen)
+        yield t.mul_(std).add_(mean).to(torch.bfloat16)
 
 
-def _block_chunks(gen: torch.Generator, shape: tuple[int, ...], lut: torch.Tensor) -> Iterator[torch.Tensor]:
+def _byte_table(lut: torch.Tensor) -> np.ndarray:
+    """uint8 [65536]: a uniform 16-bit index -> one MXFP4 byte of two independent codes from ``lut``
+    (low byte of the index -> low nibble = even element, high byte -> high nibble = odd element)."""
+    assert lut.numel() == 256
+    idx = torch.arange(65536)
+    return (lut[idx & 0xFF] | (lut[idx >> 8] << 4)).numpy()
+
+
+def _block_chunks(seed: int, shape: tuple[int, ...], table: np.ndarray) -> Iterator[torch.Tensor]:
+    rng = np.random.default_rng(seed)  # numpy: ~5x faster than torch for this on CPU
     per_expert = math.prod(shape[1:])
     for _ in range(shape[0]):
-        idx = torch.randint(0, lut.numel(), (per_expert * 2,), generator=gen, dtype=torch.int64)
-        codes = lut[idx].view(per_expert, 2)                    # [..., (even=low, odd=high)]
-        yield (codes[:, 0] | (codes[:, 1] << 4)).view(1, *shape[1:])
+        idx = rng.integers(0, 65536, size=per_expert, dtype=np.uint16)
+        yield torch.from_numpy(table[idx]).view(1, *shape[1:])
 
 
-def _scale_chunks(gen: torch.Generator, shape: tuple[int, ...], target_std: float, code_std: float
+def _scale_chunks(seed: int, shape: tuple[int, ...], target_std: float, code_std: float
                   ) -> Iterator[torch.Tensor]:
     """e8m0 exponents: e0 or e0 + 1 mixed so that the dequantized variance is target_std^2, plus
     rare outlier blocks (x4) as trained weights have."""
     ratio = (target_std / code_std) ** 2 / (1 - OUTLIER_P + OUTLIER_P * 4**OUTLIER_SHIFT)
     e0 = math.floor(math.log2(ratio) / 2)
     p_up = (ratio / 4**e0 - 1) / 3
+    rng = np.random.default_rng(seed)
     per_expert = math.prod(shape[1:])
     for _ in range(shape[0]):
-        up = torch.rand(per_expert, generator=gen) < p_up
-        outlier = torch.rand(per_expert, generator=gen) < OUTLIER_P
-        exp = E8M0_BIAS + e0 + up.to(torch.int32) + OUTLIER_SHIFT * outlier.to(torch.int32)
-        yield exp.to(torch.uint8).view(1, *shape[1:])
+        exp = np.full(per_expert, E8M0_BIAS + e0, dtype=np.uint8)
+        exp += rng.random(per_expert, dtype=np.float32) < p_up
+        exp += (rng.random(per_expert, dtype=np.float32) < OUTLIER_P).astype(np.uint8) * OUTLIER_SHIFT
+        yield torch.from_numpy(exp).view(1, *shape[1:])
 
 
 def tensor_sources(cfg: ModelConfig, seed: int = 0) -> list[TensorSource]:
@@ -104,15 +114,16 @@ def tensor_sources(cfg: ModelConfig, seed: int = 0) -> list[TensorSource]:
     H, I = cfg.hidden_size, cfg.intermediate_size
     lut = fp4_code_lut()
     code_std = _code_std(lut)
+    table = _byte_table(lut)
     sources = []
     for name, shape, dtype in hf_layout(cfg):
         def produce(name=name, shape=shape):
-            gen = _generator(seed, name)
             if name.endswith("_blocks"):
-                return _block_chunks(gen, shape, lut)
+                return _block_chunks(_tensor_seed(seed, name), shape, table)
+            gen = torch.Generator().manual_seed(_tensor_seed(seed, name))
             if name.endswith("_scales"):
                 target = GATE_UP_STD / math.sqrt(H) if "gate_up" in name else DOWN_STD / math.sqrt(I)
-                return _scale_chunks(gen, shape, target, code_std)
+                return _scale_chunks(_tensor_seed(seed, name), shape, target, code_std)
             if name.endswith("layernorm.weight") or name == "model.norm.weight":
                 return _normal_chunks(gen, shape, 0.1, 1.0)
             if name == "model.embed_tokens.weight" or name.endswith("sinks"):

@@ -12,7 +12,9 @@ from __future__ import annotations
 import json
 import math
 import os
+import queue
 import struct
+import threading
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
 
@@ -112,7 +114,7 @@ def _write_one(path: str, shard: list[TensorSource], metadata: dict[str, str], b
         f.write(hjson)
         for s in shard:
             written = 0
-            for chunk in s.produce():
+            for chunk in prefetch(s.produce()):
                 if chunk.dtype != s.dtype or tuple(chunk.shape[1:]) != tuple(s.shape[1:]):
                     raise RuntimeError(f"{s.name}: chunk {tuple(chunk.shape)} {chunk.dtype} does not fit "
                                        f"{s.shape} {s.dtype}")
@@ -123,6 +125,46 @@ def _write_one(path: str, shard: list[TensorSource], metadata: dict[str, str], b
             if written != s.nbytes:
                 raise RuntimeError(f"{s.name}: produced {written} bytes, expected {s.nbytes}")
     os.replace(tmp, path)
+
+
+def prefetch(chunks: Iterable[torch.Tensor], depth: int = 2) -> Iterator[torch.Tensor]:
+    """Run a chunk producer one or two chunks ahead in a thread, so generating (torch/numpy release
+    the GIL) overlaps with writing. Exceptions reach the consumer."""
+    q: queue.Queue = queue.Queue(maxsize=depth)
+    done = object()
+    stop = threading.Event()
+
+    def put(item: object) -> bool:
+        while not stop.is_set():
+            try:
+                q.put(item, timeout=0.1)
+                return True
+            except queue.Full:
+                continue
+        return False
+
+    def work() -> None:
+        try:
+            for c in chunks:
+                if not put(c):
+                    return
+            put(done)
+        except BaseException as e:  # noqa: BLE001 - handed to the consumer
+            put(e)
+
+    t = threading.Thread(target=work, daemon=True)
+    t.start()
+    try:
+        while True:
+            item = q.get()
+            if item is done:
+                return
+            if isinstance(item, BaseException):
+                raise item
+            yield item
+    finally:
+        stop.set()
+        t.join()
 
 
 @dataclass(frozen=True)
