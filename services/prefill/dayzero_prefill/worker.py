@@ -115,6 +115,7 @@ class PrefillWorker:
             raise ValueError(f"the decode allocation holds {req.target.num_tokens} tokens, the prompt has {n}")
         local_id = f"{req.request_id}/{uuid.uuid4().hex[:8]}"
         self._running = True
+        self._refresh()
         t0 = time.perf_counter()
         try:
             def on_chunk(_rid: str, done: int) -> None:

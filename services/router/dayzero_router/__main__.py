@@ -68,15 +68,20 @@ async def serve(args) -> int:
     def ready() -> tuple[bool, str]:
         if not view.registry_ok:
             return False, f"registry unreadable: {view.registry_error}"
-        for role in ("decode",):
-            n = len(view.live(role))
-            metrics.workers.labels(role).set(n)
-        metrics.workers.labels("prefill").set(len(view.live("prefill")))
+        for role in ("prefill", "decode"):
+            metrics.workers.labels(role).set(len(view.live(role)))
         if not view.live("decode"):
             return False, "no decode worker registered"
         return True, ""
 
-    http = HealthServer(args.host, args.http_port, metrics.registry, ready, "router").start()
+    def workers() -> dict:
+        """GET /workers: what the router routes to now (live = not suspected after a failure)."""
+        return {role: [{"worker_id": r.worker_id, "address": r.address, "compat_hash": r.compat_hash,
+                        "block_size": r.block_size, "kv_blocks_free": r.load.kv_blocks_free,
+                        "queued_tokens": r.load.queued_tokens} for r in view.live(role)]
+                for role in ("prefill", "decode")}
+
+    http = HealthServer(args.host, args.http_port, metrics.registry, ready, "router", {"/workers": workers}).start()
     await set_serving(health, ["dayzero.rpc.v1.Router"], True)
     log.info("router serving on %s:%d (HTTP %d), registry %s, disaggregation threshold %d tokens",
              args.host, args.port, http.port, registry.url, args.disagg_threshold)

@@ -22,6 +22,10 @@ class WorkerView:
         self.refresh_seconds = refresh_seconds
         self.suspect_seconds = suspect_seconds
         self.records: list[worker_pb2.WorkerRecord] = []
+        # (role, worker_id) -> (last seen in the registry (monotonic), record): a record stays
+        # routable for its TTL after it was last seen, so a registry that empties (a Redis
+        # restart) or cannot be read does not empty the router until the workers re-register
+        self._known: dict[tuple[str, str], tuple[float, worker_pb2.WorkerRecord]] = {}
         self.registry_ok = False
         self.registry_error = "not read yet"
         self._suspect: dict[str, float] = {}            # address -> until (monotonic); a restart gets a new one
@@ -35,11 +39,19 @@ class WorkerView:
             recs = await asyncio.to_thread(self.registry.list, "")
             if not self.registry_ok:
                 log.info("registry %s readable: %d worker(s)", self.registry.url, len(recs))
-            self.records, self.registry_ok, self.registry_error = recs, True, ""
+            self.registry_ok, self.registry_error = True, ""
         except RegistryError as e:
             if self.registry_ok:
-                log.warning("registry unreadable, routing on the last snapshot: %s", e)
+                log.warning("registry unreadable, routing on the last records until they expire: %s", e)
             self.registry_ok, self.registry_error = False, str(e)
+            recs = []
+        now = time.monotonic()
+        for r in recs:
+            self._known[(r.role, r.worker_id)] = (now, r)
+        for key, (seen, r) in list(self._known.items()):
+            if seen + max(r.ttl_seconds, self.refresh_seconds) < now:
+                del self._known[key]
+        self.records = sorted((r for _, r in self._known.values()), key=lambda r: (r.role, r.worker_id))
 
     async def _run(self) -> None:
         while True:

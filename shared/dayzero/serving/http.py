@@ -12,10 +12,10 @@ from prometheus_client.exposition import CONTENT_TYPE_LATEST
 
 
 class HealthServer:
-    """Serves the three endpoints on a daemon thread; ``ready()`` returns (ok, reason)."""
+    """Serves the three endpoints (plus ``extra`` JSON ones) on a daemon thread; ``ready()`` returns (ok, reason)."""
 
     def __init__(self, host: str, port: int, registry: CollectorRegistry, ready: Callable[[], tuple[bool, str]],
-                 service: str):
+                 service: str, extra: dict[str, Callable[[], object]] | None = None):
         outer = self
 
         class Handler(BaseHTTPRequestHandler):
@@ -39,10 +39,13 @@ class HealthServer:
                     self._send(200 if ok else 503, json.dumps(body).encode())
                 elif path == "/metrics":
                     self._send(200, generate_latest(outer.registry), CONTENT_TYPE_LATEST)
+                elif path in outer.extra:
+                    self._send(200, json.dumps(outer.extra[path]()).encode())
                 else:
                     self._send(404, json.dumps({"error": f"no route {path}"}).encode())
 
         self.service = service
+        self.extra = extra or {}
         self.registry = registry
         self.ready = ready
         self.httpd = ThreadingHTTPServer((host, port), Handler)

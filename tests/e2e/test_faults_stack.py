@@ -1,0 +1,230 @@
+"""Faults on the real stack (redis-server, router, prefill, decode over NIXL, frontend):
+client disconnects, kill -9 of the prefill and of the decode worker, a redis-server restart, and
+a decode worker whose KV block size differs from the prefill worker's.
+
+The prefill worker runs with small chunks and a per-chunk delay (a fault-injection flag) so that
+"mid-request" is a window of seconds, found by polling the worker's load, not by sleeping.
+"""
+
+from __future__ import annotations
+
+import json
+import random
+import threading
+import time
+import urllib.request
+
+import grpc
+import pytest
+
+from dayzero.registry import open_registry
+from dayzero.rpc.v1 import common_pb2, router_pb2, router_pb2_grpc, worker_pb2, worker_pb2_grpc
+from dayzero.serving.launch import redis_server_binary
+from dayzero.serving.stack import LocalStack, StackConfig
+
+pytestmark = [pytest.mark.e2e, pytest.mark.timeout(900)]
+
+THRESHOLD = 64
+MAX_MODEL_LEN = 4096
+VOCAB = 201088
+LONG = 400              # tokens: ~13 chunks of 32 with 0.15 s each on the prefill worker
+
+
+@pytest.fixture(scope="module")
+def stack(make_ckpt, tmp_path_factory):
+    if redis_server_binary() is None:
+        pytest.fail("redis-server is not installed (scripts/test installs it; apt-get install redis-server)")
+    from dayzero.vocab import resolve_vocab
+
+    tmp = tmp_path_factory.mktemp("faults")
+    vocab = resolve_vocab(cache_dir=tmp, allow_download=False).folder
+    mml = ["--max-model-len", str(MAX_MODEL_LEN)]
+    config = StackConfig(
+        model_dir=make_ckpt("tiny"), transport="nixl", disagg_threshold=THRESHOLD, use_redis=True,
+        prefill_args=[*mml, "--chunk-size", "32", "--fault-chunk-delay", "0.15"],
+        decode_args=[*mml, "--num-kv-blocks", "512", "--lease-seconds", "8", "--kv-wait-seconds", "10"],
+        router_args=["--prefill-timeout", "30", "--token-timeout", "15"],
+        frontend_args=["--vocab-dir", str(vocab), "--offline", "--model-name", "tiny", *mml], log_dir=str(tmp))
+    s = LocalStack(config).start()
+    yield s
+    s.stop()
+
+
+@pytest.fixture(scope="module")
+def router(stack):
+    channel = grpc.insecure_channel(stack.router_address)
+    yield router_pb2_grpc.RouterStub(channel)
+    channel.close()
+
+
+def _prompt(n: int, seed: int) -> list[int]:
+    rng = random.Random(seed)
+    return [rng.randrange(VOCAB) for _ in range(n)]
+
+
+def _request(rid: str, n: int, max_tokens: int) -> router_pb2.GenerateRequest:
+    return router_pb2.GenerateRequest(request_id=rid, prompt_token_ids=_prompt(n, hash(rid) & 0xFFFF),
+                                      sampling=common_pb2.SamplingParams(max_tokens=max_tokens, ignore_eos=True))
+
+
+def _load(stack, name: str) -> worker_pb2.WorkerLoad:
+    with grpc.insecure_channel(f"127.0.0.1:{stack.workers[name].grpc_port}") as ch:
+        return worker_pb2_grpc.WorkerStub(ch).GetLoad(worker_pb2.LoadRequest(), timeout=5)
+
+
+def _wait(cond, timeout: float, what: str):
+    deadline = time.monotonic() + timeout
+    while True:
+        value = cond()
+        if value:
+            return value
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out after {timeout}s waiting for {what}")
+        time.sleep(0.03)
+
+
+def _free(stack, names: list[str], timeout: float = 20.0) -> None:
+    def check():
+        loads = {n: _load(stack, n) for n in names}
+        return all(l.kv_blocks_used == 0 and l.open_leases == 0 and l.running_requests == 0 for l in loads.values())
+    _wait(check, timeout, f"0 KV blocks held on {names}")
+
+
+def _router_workers(stack) -> dict:
+    url = f"http://127.0.0.1:{stack.router.http_port}/workers"
+    with urllib.request.urlopen(url, timeout=5) as r:
+        return json.loads(r.read())
+
+
+def _wait_router_sees(stack, name: str, timeout: float = 30.0) -> None:
+    address = f"127.0.0.1:{stack.workers[name].grpc_port}"
+    _wait(lambda: any(w["address"] == address for ws in _router_workers(stack).values() for w in ws),
+          timeout, f"the router to route to {name} at {address}")
+
+
+def _in_background(fn):
+    box: dict = {}
+
+    def run():
+        try:
+            box["value"] = fn()
+        except Exception as e:  # noqa: BLE001 - inspected by the test
+            box["error"] = e
+    t = threading.Thread(target=run, daemon=True)
+    t.start()
+    return t, box
+
+
+def test_client_disconnect_mid_stream_frees_blocks(stack, router):
+    for n, route in ((10, "local"), (LONG // 4, "disaggregated")):
+        call = router.Generate(_request(f"disc-{n}", n, max_tokens=2000), timeout=120)
+        seen = []
+        for msg in call:
+            seen.append(msg)
+            if len(seen) == 3:
+                break
+        assert seen[0].route == route
+        assert _load(stack, "decode-0").kv_blocks_used > 0
+        call.cancel()
+        _free(stack, ["decode-0", "prefill-0"])
+
+
+def test_client_disconnect_during_prefill_frees_both_sides(stack, router):
+    call = router.Generate(_request("disc-prefill", LONG, max_tokens=8), timeout=120)
+    t, box = _in_background(lambda: list(call))
+    _wait(lambda: _load(stack, "prefill-0").running_requests == 1, 20, "the prefill to start")
+    assert _load(stack, "decode-0").open_leases == 1
+    call.cancel()
+    t.join(10)
+    assert isinstance(box.get("error"), grpc.RpcError) and box["error"].code() == grpc.StatusCode.CANCELLED
+    _free(stack, ["decode-0", "prefill-0"])
+
+
+def test_frontend_stream_disconnect_frees_blocks(stack):
+    httpx = pytest.importorskip("httpx")
+    body = {"model": "tiny", "prompt": _prompt(LONG // 4, 7), "max_tokens": 2000, "stream": True, "ignore_eos": True}
+    with httpx.Client(base_url=stack.frontend_url, timeout=60) as client:
+        with client.stream("POST", "/v1/completions", json=body) as resp:
+            assert resp.status_code == 200
+            events = 0
+            for line in resp.iter_lines():
+                if line.startswith("data: "):
+                    events += 1
+                if events == 3:
+                    break
+        assert _load(stack, "decode-0").kv_blocks_used > 0 or _load(stack, "decode-0").running_requests > 0
+    _free(stack, ["decode-0", "prefill-0"])
+
+
+def test_kill_prefill_mid_request_gives_a_clear_error_and_frees_the_lease(stack, router):
+    call = router.Generate(_request("kill-prefill", LONG, max_tokens=8), timeout=60)
+    t, box = _in_background(lambda: list(call))
+    _wait(lambda: _load(stack, "prefill-0").running_requests == 1, 20, "the prefill to start")
+    t0 = time.monotonic()
+    stack.workers["prefill-0"].process.kill9()
+    t.join(30)
+    elapsed = time.monotonic() - t0
+    err = box.get("error")
+    assert isinstance(err, grpc.RpcError), box
+    assert err.code() == grpc.StatusCode.UNAVAILABLE and "prefill" in err.details(), err.details()
+    assert elapsed < 30, elapsed
+    _free(stack, ["decode-0"])
+    stack.add_worker("prefill", "prefill-0", wait=True)
+    _wait_router_sees(stack, "prefill-0")
+    tokens = [t for m in router.Generate(_request("after-prefill-restart", LONG // 4, 3), timeout=60)
+              for t in m.token_ids]
+    assert len(tokens) == 3
+
+
+def test_kill_decode_mid_stream_ends_the_stream_with_an_error(stack, router):
+    httpx = pytest.importorskip("httpx")
+    body = {"model": "tiny", "prompt": _prompt(LONG // 4, 11), "max_tokens": 3000, "stream": True,
+            "ignore_eos": True}
+    events = []
+    t0 = None
+    with httpx.Client(base_url=stack.frontend_url, timeout=60) as client:
+        with client.stream("POST", "/v1/completions", json=body) as resp:
+            assert resp.status_code == 200
+            for line in resp.iter_lines():
+                if line.startswith("data: "):
+                    events.append(line[6:])
+                if len(events) == 3 and t0 is None:
+                    t0 = time.monotonic()
+                    stack.workers["decode-0"].process.kill9()
+    elapsed = time.monotonic() - t0
+    assert events[-1] == "[DONE]"
+    error = json.loads(events[-2]).get("error")
+    assert error and "decode" in error["message"], events[-2]
+    assert elapsed < 15, elapsed
+    _free(stack, ["prefill-0"])
+    stack.add_worker("decode", "decode-0", wait=True)
+    _wait_router_sees(stack, "decode-0")
+    msgs = list(router.Generate(_request("after-decode-restart", LONG // 4, 3), timeout=60))
+    assert msgs[0].route == "disaggregated" and sum(len(m.token_ids) for m in msgs) == 3
+
+
+def test_redis_restart_workers_reregister_and_requests_succeed(stack, router):
+    registry = open_registry(stack.registry_for_router)
+    assert {r.worker_id for r in registry.list()} == {"prefill-0", "decode-0"}
+    stack.restart_redis()  # a new, empty redis-server: every record present afterwards was re-written
+    _wait(lambda: {r.worker_id for r in registry.list()} == {"prefill-0", "decode-0"}, 20,
+          "both workers to re-register in the new redis-server")
+    _wait_router_sees(stack, "prefill-0")
+    _wait_router_sees(stack, "decode-0")
+    for n, route in ((10, "local"), (LONG // 4, "disaggregated")):
+        msgs = list(router.Generate(_request(f"after-redis-{n}", n, 3), timeout=60))
+        assert msgs[0].route == route and sum(len(m.token_ids) for m in msgs) == 3
+
+
+def test_decode_with_a_different_block_size_is_refused_naming_the_mismatch(stack, router):
+    stack.workers["decode-0"].process.stop()
+    stack.add_worker("decode", "decode-bs32", extra=["--block-size", "32"], wait=True)
+    _wait(lambda: [w["worker_id"] for w in _router_workers(stack)["decode"]] == ["decode-bs32"], 20,
+          "the router to see only the block-size-32 decode worker")
+    with pytest.raises(grpc.RpcError) as e:
+        list(router.Generate(_request("mismatch", LONG // 4, 3), timeout=60))
+    assert e.value.code() == grpc.StatusCode.FAILED_PRECONDITION
+    assert "block_size" in e.value.details() and "16" in e.value.details() and "32" in e.value.details()
+    _free(stack, ["decode-bs32", "prefill-0"])
+    msgs = list(router.Generate(_request("mismatch-local", 10, 3), timeout=60))  # no KV handoff: still served
+    assert msgs[0].route == "local" and sum(len(m.token_ids) for m in msgs) == 3
