@@ -6,8 +6,8 @@ One rule covers prefill, chunked prefill, decode and recompute after preemption:
 samples the next token. Decode is the case n = 1.
 
 Policy per step (token budget ``max_num_batched_tokens``):
-  1. running requests first, oldest first: each gets its pending tokens (1 when decoding, a
-     chunk when still prefilling); if the KV cache cannot grow, the newest running request is
+  1. running requests first: decodes (1 token each), then those still prefilling (a chunk each),
+     oldest first within each group; if the KV cache cannot grow, the newest running request is
      preempted (blocks freed, back to the front of the queue, recomputed later);
   2. then queued requests in arrival order, while the budget, ``max_num_seqs`` and free blocks
      allow; a long prompt takes as much of the budget as is left and continues next step.
@@ -24,7 +24,7 @@ from .model_runner import SeqChunk
 from .sampling import SamplingParams
 
 
-@dataclass
+@dataclass(eq=False)  # identity semantics: two requests are never "equal"
 class Request:
     request_id: str
     prompt_ids: list[int]
@@ -94,7 +94,7 @@ class Scheduler:
     def schedule(self) -> ScheduledBatch:
         batch = ScheduledBatch([], [])
         budget = self.budget
-        for req in list(self.running):
+        for req in sorted(self.running, key=lambda r: r.num_pending > 1):  # decodes first (stable)
             if req not in self.running:  # preempted in this loop
                 continue
             if budget <= 0:
@@ -105,7 +105,9 @@ class Scheduler:
                     self.kv.ensure(req.request_id, req.num_computed + n)
                     break
                 except KVCacheFullError:
-                    victim = self.running[-1]
+                    # preempt the newest request not already in this batch (or this one itself)
+                    others = [r for r in self.running if r is not req and r not in batch.requests]
+                    victim = others[-1] if others else req
                     if victim is req and len(self.running) == 1:
                         # nothing else to free: the request cannot grow any further
                         self.running.remove(req)
