@@ -9,7 +9,7 @@ import pytest
 
 from dayzero.vocab import load_harmony_encoding, resolve_vocab
 from dayzero_frontend.harmony import HarmonyChat
-from dayzero_frontend.harmony_parser import ContentDelta, ReasoningDelta, ToolCallBegin, ToolCallDelta
+from dayzero_frontend.harmony_events import ContentDelta, ReasoningDelta, ToolCallBegin, ToolCallDelta
 
 
 @pytest.fixture(scope="module")

@@ -13,7 +13,8 @@ from typing import AsyncIterator
 from dayzero.rpc.v1 import common_pb2
 
 from dayzero_frontend.errors import APIError
-from dayzero_frontend.harmony_parser import ChoiceParser, ContentDelta, Event
+from dayzero_frontend.harmony_events import ContentDelta, Event
+from dayzero_frontend.harmony_parser import ChoiceParser
 from dayzero_frontend.router_client import RouterStream
 
 FINISHED = {common_pb2.FINISH_REASON_STOP: "stop", common_pb2.FINISH_REASON_LENGTH: "length"}

@@ -15,7 +15,7 @@ from dayzero.rpc.v1 import common_pb2, router_pb2
 from dayzero_frontend.choices import FINISHED, Step, StopMatcher
 from dayzero_frontend.errors import APIError, bad_request
 from dayzero_frontend.harmony import HarmonyChat
-from dayzero_frontend.harmony_parser import ContentDelta
+from dayzero_frontend.harmony_events import ContentDelta
 from dayzero_frontend.openai_protocol import (CompletionChoice, CompletionLogprobs, CompletionRequest,
                                               CompletionResponse, Usage)
 from dayzero_frontend.router_client import RouterStream

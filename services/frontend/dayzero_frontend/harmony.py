@@ -18,7 +18,8 @@ from openai_harmony import (Author, Conversation, DeveloperContent, HarmonyEncod
                             ReasoningEffort, Role, SystemContent, ToolDescription)
 
 from dayzero_frontend.errors import bad_request
-from dayzero_frontend.harmony_parser import ChoiceParser, HarmonyTokens
+from dayzero_frontend.harmony_events import HarmonyTokens
+from dayzero_frontend.harmony_parser import ChoiceParser
 from dayzero_frontend.openai_protocol import ChatCompletionRequest, FunctionDef
 from dayzero_frontend.validation import content_text
 

@@ -17,7 +17,7 @@ from dayzero.rpc.v1 import common_pb2
 
 from dayzero_frontend.choices import Step
 from dayzero_frontend.harmony import HarmonyChat
-from dayzero_frontend.harmony_parser import ContentDelta, Event, ReasoningDelta, ToolCallBegin, ToolCallDelta
+from dayzero_frontend.harmony_events import ContentDelta, Event, ReasoningDelta, ToolCallBegin, ToolCallDelta
 from dayzero_frontend.openai_protocol import (AssistantMessageOut, ChatChoice, ChatChunkChoice, ChatCompletionChunk,
                                               ChatDelta, ChoiceLogprobs, FunctionCallOut, FunctionDeltaOut,
                                               TokenLogprobOut, ToolCallDeltaOut, ToolCallOut, TopLogprobOut, Usage)
