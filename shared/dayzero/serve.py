@@ -100,6 +100,9 @@ def run(args: argparse.Namespace) -> int:
     except KeyboardInterrupt:
         stack.stop()
         return 130
+    log.info("router: grpc %s, http %d", stack.router_address, stack.router.http_port)
+    for name, svc in stack.workers.items():
+        log.info("%s: grpc %s:%d, http %d", name, args.host, svc.grpc_port, svc.http_port)
     log.info("ready in %.1fs: http://%s:%d/v1/chat/completions (model %s)", time.monotonic() - t0, args.host,
              args.port, model)
     rc = 0
