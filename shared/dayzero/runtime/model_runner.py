@@ -63,6 +63,9 @@ class ModelRunner:
             return []
         vocab = self.model.cfg.vocab_size
         for c in chunks:
+            if c.start + len(c.token_ids) > self.model.max_positions:
+                raise ValueError(f"sequence {c.seq_id!r}: position {c.start + len(c.token_ids) - 1} is beyond the "
+                                 f"model's {self.model.max_positions} positions")
             bad = [t for t in c.token_ids if not 0 <= t < vocab]
             if bad:
                 raise ValueError(f"sequence {c.seq_id!r}: token id(s) {bad[:5]} outside the vocabulary [0, {vocab})")
