@@ -58,7 +58,7 @@ def _row_bands(n_rows: int, row_elems: int) -> Iterator[tuple[int, int]]:
         yield r0, min(n_rows, r0 + rows)
 
 
-def _sources(ckpt: HFCheckpoint) -> list[TensorSource]:
+def _sources(ckpt: HFCheckpoint, device: torch.device) -> list[TensorSource]:
     """Lazy sources; an FP8 weight's producer leaves its scales behind for the ``_scale`` producer
     that the writer runs right after it (same order as ``fp8_layout``)."""
     scales: dict[str, list[torch.Tensor]] = {}
@@ -70,9 +70,9 @@ def _sources(ckpt: HFCheckpoint) -> list[TensorSource]:
         else:                                    # [N, K]: bands of whole 128-row blocks
             bands = _row_bands(shape[0], shape[1])
         for r0, r1 in bands:
-            q, s = quantize_weight_block(ckpt.read_rows(name, r0, r1, torch.float32))
-            scales[name].append(s)
-            yield q
+            q, s = quantize_weight_block(ckpt.read_rows(name, r0, r1, torch.float32, device))
+            scales[name].append(s.cpu())
+            yield q.cpu()
 
     def scale_chunks(name: str) -> Iterator[torch.Tensor]:
         if name not in scales:
@@ -99,13 +99,15 @@ def _sources(ckpt: HFCheckpoint) -> list[TensorSource]:
 
 
 def convert_checkpoint(hf_dir: str | os.PathLike, out_dir: str | os.PathLike,
-                       max_shard_bytes: int = DEFAULT_MAX_SHARD_BYTES, progress: bool = True) -> None:
+                       max_shard_bytes: int = DEFAULT_MAX_SHARD_BYTES, progress: bool = True,
+                       device: str | torch.device = "cpu") -> None:
+    """Validate ``hf_dir``, then write the FP8 serving checkpoint; quantization runs on ``device``."""
     hf_dir, out_dir = os.fspath(hf_dir), os.fspath(out_dir)
     if os.path.abspath(hf_dir) == os.path.abspath(out_dir):
         raise CheckpointError(f"{out_dir}: output directory must differ from the input")
     ckpt = HFCheckpoint(hf_dir)  # validates everything before anything is written
     os.makedirs(out_dir, exist_ok=True)
-    write_sharded(out_dir, _sources(ckpt), max_shard_bytes, progress="converting to FP8" if progress else None)
+    write_sharded(out_dir, _sources(ckpt, torch.device(device)), max_shard_bytes, progress="converting to FP8" if progress else None)
     with open(os.path.join(hf_dir, "config.json"), encoding="utf-8") as f:
         hf_config = json.load(f)
     hf_config["quantization_config"] = dict(FP8_QUANT_CONFIG)
@@ -154,11 +156,13 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("hf_dir", metavar="HF_DIR", help="HF gpt-oss checkpoint (MXFP4 experts)")
     parser.add_argument("out_dir", metavar="OUT_DIR", help="where to write the FP8 serving checkpoint")
     parser.add_argument("--max-shard-bytes", type=int, default=DEFAULT_MAX_SHARD_BYTES)
+    parser.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu",
+                        help="where to dequantize/quantize (default: cuda when available); the result is identical")
 
 
 def run(args: argparse.Namespace) -> int:
     try:
-        convert_checkpoint(args.hf_dir, args.out_dir, max_shard_bytes=args.max_shard_bytes)
+        convert_checkpoint(args.hf_dir, args.out_dir, max_shard_bytes=args.max_shard_bytes, device=args.device)
     except ValueError as e:  # CheckpointError / ConfigError: a clear one-line message
         print(f"dayzero convert: error: {e}", file=sys.stderr)
         return 1

@@ -165,27 +165,26 @@ class HFCheckpoint:
     def names(self) -> list[str]:
         return list(canonical_shapes(self.config))
 
-    def read(self, name: str, dtype: torch.dtype = torch.float32) -> torch.Tensor:
-        """One tensor by canonical name, experts dequantized to (out, in) layout."""
-        if name.endswith(EXPERT_PROJS):
-            if self.mxfp4:
-                blocks = load_tensor(self.tensors[name + "_blocks"])
-                scales = load_tensor(self.tensors[name + "_scales"])
-                return dequantize_mxfp4(blocks, scales, dtype)
-            return load_tensor(self.tensors[name]).transpose(1, 2).to(dtype).contiguous()
+    def read(self, name: str, dtype: torch.dtype = torch.float32,
+             device: torch.device | str | None = None) -> torch.Tensor:
+        """One tensor by canonical name, experts dequantized to (out, in) layout (on ``device``)."""
+        return self.read_rows(name, None, None, dtype, device)
+
+    def read_rows(self, name: str, r0: int | None, r1: int | None, dtype: torch.dtype = torch.float32,
+                  device: torch.device | str | None = None) -> torch.Tensor:
+        """Rows r0:r1 of dim 0 (e.g. a range of experts; None: all) without reading the rest.
+        MXFP4 experts are moved to ``device`` packed and dequantized there."""
+        rows = None if r0 is None else (r0, r1)
+        if name.endswith(EXPERT_PROJS) and self.mxfp4:
+            blocks = load_tensor(self.tensors[name + "_blocks"], rows).to(device)
+            scales = load_tensor(self.tensors[name + "_scales"], rows).to(device)
+            return dequantize_mxfp4(blocks, scales, dtype)
         if name not in self.tensors:
             raise KeyError(f"{name} is not a tensor of this checkpoint")
-        return load_tensor(self.tensors[name]).to(dtype)
-
-    def read_rows(self, name: str, r0: int, r1: int, dtype: torch.dtype = torch.float32) -> torch.Tensor:
-        """Rows r0:r1 of dim 0 (e.g. a range of experts) without reading the whole tensor."""
-        if name.endswith(EXPERT_PROJS) and self.mxfp4:
-            blocks = load_tensor(self.tensors[name + "_blocks"], (r0, r1))
-            scales = load_tensor(self.tensors[name + "_scales"], (r0, r1))
-            return dequantize_mxfp4(blocks, scales, dtype)
-        if name.endswith(EXPERT_PROJS):
-            return load_tensor(self.tensors[name], (r0, r1)).transpose(1, 2).to(dtype).contiguous()
-        return load_tensor(self.tensors[name], (r0, r1)).to(dtype)
+        t = load_tensor(self.tensors[name], rows).to(device=device, dtype=dtype)
+        if name.endswith(EXPERT_PROJS):  # transformers' own layout [E, in, out] -> [E, out, in]
+            t = t.transpose(1, 2).contiguous()
+        return t
 
     def iter_tensors(self, dtype: torch.dtype = torch.float32,
                      names: Iterable[str] | None = None) -> Iterator[tuple[str, torch.Tensor]]:
