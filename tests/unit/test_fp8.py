@@ -160,3 +160,17 @@ def test_round_trip_table_20b_shapes():
         print(f"{name:<24}{'x'.join(map(str, w.shape)):>14}{rel:>16.4%}{float((d - w).abs().max()):>14.3e}")
         assert 0.005 < rel < 0.04, name
     assert weights["expert 0 gate_up_proj"].shape == (5760, 2880)
+
+
+@pytest.mark.gpu
+def test_convert_on_cuda_equals_cpu(make_ckpt, tmp_path):
+    hf_dir = make_ckpt("tiny2")
+    convert_checkpoint(hf_dir, tmp_path / "cpu", progress=False, device="cpu")
+    convert_checkpoint(hf_dir, tmp_path / "cuda", progress=False, device="cuda")
+    _, a = read_fp8_checkpoint(tmp_path / "cpu")
+    _, b = read_fp8_checkpoint(tmp_path / "cuda")
+    for name in a:
+        x, y = a[name], b[name]
+        if x.dtype == torch.float8_e4m3fn:
+            x, y = x.view(torch.uint8), y.view(torch.uint8)
+        assert torch.equal(x, y), name
