@@ -124,10 +124,11 @@ class Frontend:
         _stop(self.proc)
 
 
-def vocab_dir(tmp_root: Path) -> Path:
+def vocab_dir(cache_root: Path) -> Path:
+    """A verified Harmony vocabulary folder, rebuilt offline into ``cache_root`` once."""
     from dayzero.vocab import resolve_vocab
 
-    res = resolve_vocab(cache_dir=tmp_root, allow_download=False)
+    res = resolve_vocab(cache_dir=cache_root, allow_download=False)
     return res.folder
 
 

@@ -23,7 +23,7 @@ TOOL = {"type": "function", "function": {"name": "get_weather", "parameters": {"
 @pytest.fixture(scope="module")
 def env(tmp_path_factory):
     tmp = tmp_path_factory.mktemp("frontend-errors")
-    vocab = fh.vocab_dir(tmp)
+    vocab = fh.vocab_dir(tmp_path_factory.getbasetemp())
     router = fh.start_scripted_router()
     try:
         frontend = fh.start_frontend(router.address, tmp, vocab, env={"DAYZERO_API_KEY": KEY})
@@ -253,8 +253,8 @@ def test_probes_and_metrics(e):
     assert models["data"][0]["id"] == fh.MODEL_NAME and models["data"][0]["max_model_len"] == fh.MAX_MODEL_LEN
 
 
-def test_ready_is_503_without_a_router(tmp_path):
-    vocab = fh.vocab_dir(tmp_path)
+def test_ready_is_503_without_a_router(tmp_path, tmp_path_factory):
+    vocab = fh.vocab_dir(tmp_path_factory.getbasetemp())
     frontend = fh.start_frontend(f"127.0.0.1:{fh.free_port()}", tmp_path, vocab)
     try:
         ready = httpx.get(f"{frontend.base_url}/ready", timeout=10)

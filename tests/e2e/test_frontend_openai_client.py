@@ -42,7 +42,7 @@ class Stack:
 @pytest.fixture(scope="module")
 def stack(tmp_path_factory):
     tmp = tmp_path_factory.mktemp("frontend-client")
-    vocab = fh.vocab_dir(tmp)
+    vocab = fh.vocab_dir(tmp_path_factory.getbasetemp())
     router = fh.router_under_test()
     try:
         frontend = fh.start_frontend(router.address, tmp, vocab)

@@ -79,7 +79,7 @@ CASES = [
 @pytest.fixture(scope="module")
 def env(tmp_path_factory):
     tmp = tmp_path_factory.mktemp("frontend-robust")
-    vocab = fh.vocab_dir(tmp)
+    vocab = fh.vocab_dir(tmp_path_factory.getbasetemp())
     router = fh.start_scripted_router()
     try:
         frontend = fh.start_frontend(router.address, tmp, vocab)
