@@ -27,7 +27,7 @@ from triton.tools.tensor_descriptor import TensorDescriptor
 
 from .registry import REGISTRY, register
 from .triton_linear import GROUP, quantize_rows
-from .triton_moe_align import AlignedPairs, align_pairs
+from .triton_moe_align import AlignedPairs, align_pairs, max_padded_rows
 from .triton_moe_gemm import interpreting, moe_combine_kernel, moe_gemm_kernel, tma_ok
 from .triton_moe_router import router_topk as _router_topk
 from .types import ExpertWeights
@@ -76,52 +76,81 @@ def _gemm(a, a_scale_t, w, w_scale, bias, out, out_scale_t, al: AlignedPairs, we
     )
 
 
+class MoeRun:
+    """One fused-MoE call split into its stages (``align``, ``quant``, ``gate_up``, ``down``,
+    ``combine``), each re-runnable on the buffers allocated here (the bench times them one by one).
+    ``fused_moe`` runs them in order."""
+
+    def __init__(self, x: torch.Tensor, weights: torch.Tensor, ids: torch.Tensor, experts: ExpertWeights,
+                 limit: float, tiles: MoeTiles | None = None, small: bool | None = None) -> None:
+        T, H = x.shape
+        E, two_i, h_in = experts.gate_up.shape
+        I = two_i // 2
+        if h_in != H or experts.down.shape != (E, H, I) or weights.shape != ids.shape or ids.shape[0] != T:
+            raise ValueError(f"moe shapes disagree: x {tuple(x.shape)}, ids {tuple(ids.shape)}, weights "
+                             f"{tuple(weights.shape)}, gate_up {tuple(experts.gate_up.shape)}, "
+                             f"down {tuple(experts.down.shape)}")
+        self.k = k = ids.shape[1]
+        self.T, self.H, self.I, self.E = T, H, I, E
+        if small is None:
+            small = T * k < SMALL_ROWS_PER_EXPERT * E
+        self.small = small
+        self.tiles = tiles = tiles or (SMALL if small else LARGE)
+        if not small and tiles.bn_gate_up != 2 * GROUP:
+            raise ValueError("the FP8 gate_up epilogue quantizes h per 128 columns: bn_gate_up must be 256")
+        self.x, self.ids, self.weights, self.experts, self.limit = x.contiguous(), ids.contiguous(), \
+            weights.contiguous(), experts, limit
+        self.offset = int(experts.derived.get("expert_offset", 0))
+        dev = x.device
+        rows = max_padded_rows(T * k, E, tiles.bm)
+        self.h = torch.empty((rows, I), dtype=torch.bfloat16 if small else torch.float8_e4m3fn, device=dev)
+        self.hs_t = None if small else torch.empty((triton.cdiv(I, GROUP), rows), dtype=torch.float32, device=dev)
+        self.y = torch.empty((T * k, H), dtype=x.dtype, device=dev)                # per-route outputs
+        self.out = torch.empty((T, H), dtype=x.dtype, device=dev)
+        self.al: AlignedPairs | None = None
+        self.xq, self.xs_t = self.x, None
+
+    def _common(self) -> dict:
+        t = self.tiles
+        return dict(limit=self.limit, stages=t.stages, group_m=t.group_m, tma=t.tma)
+
+    def align(self) -> None:
+        self.al = align_pairs(self.ids, self.E, self.tiles.bm, self.offset)
+
+    def quant(self) -> None:
+        if not self.small:
+            self.xq, self.xs_t = quantize_rows(self.x)                           # [T, Hp], [ceil(H/128), T]
+
+    def gate_up(self) -> None:
+        ex, t = self.experts, self.tiles
+        _gemm(self.xq, self.xs_t, ex.gate_up, ex.gate_up_scale, ex.gate_up_bias, self.h, self.hs_t, self.al,
+              self.weights, self.k, K=self.H, N=2 * self.I, gather=True, scatter=False, a_fp8=not self.small,
+              epi=1, quant_out=not self.small, bn=t.bn_gate_up, warps=t.warps_gate_up, **self._common())
+
+    def down(self) -> None:
+        ex, t = self.experts, self.tiles
+        _gemm(self.h, self.hs_t, ex.down, ex.down_scale, ex.down_bias, self.y, None, self.al, self.weights,
+              self.k, K=self.I, N=self.H, gather=False, scatter=True, a_fp8=not self.small, epi=2,
+              quant_out=False, bn=t.bn_down, warps=t.warps_down, **self._common())
+
+    def combine(self) -> None:
+        bh = 1024
+        moe_combine_kernel[(self.T, triton.cdiv(self.H, bh))](
+            self.y, self.ids, self.out, self.H, self.offset, self.E, TOPK=self.k, BH=bh, num_warps=4)
+
+    STAGES = ("align", "quant", "gate_up", "down", "combine")
+
+    def __call__(self) -> torch.Tensor:
+        if self.T:
+            for name in self.STAGES:
+                getattr(self, name)()
+        return self.out
+
+
 def fused_moe(x: torch.Tensor, weights: torch.Tensor, ids: torch.Tensor, experts: ExpertWeights,
               limit: float, tiles: MoeTiles | None = None, small: bool | None = None) -> torch.Tensor:
     """x [T, H] bf16, weights/ids [T, k] -> [T, H] bf16 (path and tiles chosen unless given)."""
-    T, H = x.shape
-    k = ids.shape[1]
-    E, two_i, h_in = experts.gate_up.shape
-    I = two_i // 2
-    if h_in != H or experts.down.shape != (E, H, I) or weights.shape != ids.shape or ids.shape[0] != T:
-        raise ValueError(f"moe shapes disagree: x {tuple(x.shape)}, ids {tuple(ids.shape)}, weights "
-                         f"{tuple(weights.shape)}, gate_up {tuple(experts.gate_up.shape)}, down {tuple(experts.down.shape)}")
-    out = torch.empty((T, H), dtype=x.dtype, device=x.device)
-    if T == 0:
-        return out
-    if small is None:
-        small = T * k < SMALL_ROWS_PER_EXPERT * E
-    tiles = tiles or (SMALL if small else LARGE)
-    offset = int(experts.derived.get("expert_offset", 0))
-    al = align_pairs(ids, E, tiles.bm, offset)
-    weights = weights.contiguous()
-    x = x.contiguous()
-    y = torch.empty((T * k, H), dtype=x.dtype, device=x.device)
-    common = dict(limit=limit, stages=tiles.stages, group_m=tiles.group_m, tma=tiles.tma)
-    if small:
-        h = torch.empty((al.padded_rows, I), dtype=torch.bfloat16, device=x.device)
-        _gemm(x, None, experts.gate_up, experts.gate_up_scale, experts.gate_up_bias, h, None, al, weights, k,
-              K=H, N=2 * I, gather=True, scatter=False, a_fp8=False, epi=1, quant_out=False,
-              bn=tiles.bn_gate_up, warps=tiles.warps_gate_up, **common)
-        _gemm(h, None, experts.down, experts.down_scale, experts.down_bias, y, None, al, weights, k,
-              K=I, N=H, gather=False, scatter=True, a_fp8=False, epi=2, quant_out=False,
-              bn=tiles.bn_down, warps=tiles.warps_down, **common)
-    else:
-        if tiles.bn_gate_up != 2 * GROUP:
-            raise ValueError("the FP8 gate_up epilogue quantizes h per 128 columns: bn_gate_up must be 256")
-        xq, xs_t = quantize_rows(x)                                               # [T, Hp], [ceil(H/128), T]
-        h = torch.empty((al.padded_rows, I), dtype=torch.float8_e4m3fn, device=x.device)
-        hs_t = torch.empty((triton.cdiv(I, GROUP), al.padded_rows), dtype=torch.float32, device=x.device)
-        _gemm(xq, xs_t, experts.gate_up, experts.gate_up_scale, experts.gate_up_bias, h, hs_t, al, weights, k,
-              K=H, N=2 * I, gather=True, scatter=False, a_fp8=True, epi=1, quant_out=True,
-              bn=tiles.bn_gate_up, warps=tiles.warps_gate_up, **common)
-        _gemm(h, hs_t, experts.down, experts.down_scale, experts.down_bias, y, None, al, weights, k,
-              K=I, N=H, gather=False, scatter=True, a_fp8=True, epi=2, quant_out=False,
-              bn=tiles.bn_down, warps=tiles.warps_down, **common)
-    ids = ids.contiguous()
-    bh = 1024
-    moe_combine_kernel[(T, triton.cdiv(H, bh))](y, ids, out, H, offset, E, TOPK=k, BH=bh, num_warps=4)
-    return out
+    return MoeRun(x, weights, ids, experts, limit, tiles, small)()
 
 
 @register("triton", "moe_experts")

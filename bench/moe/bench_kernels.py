@@ -1,0 +1,224 @@
+"""Dense FP8 linear and fused-MoE kernel benchmarks on one GPU, with same-run anchors.
+
+    PYTHONPATH=shared python bench/moe/bench_kernels.py --out DIR [--quick]
+
+Writes DIR/moe-kernels.json (rows + run metadata). Sections: ceilings (copy, cuBLAS FP8 block
+GEMM 8192^3), dense linear (qkv/o/lm_head shapes; cuBLAS blockwise vs Triton; weight-only small M),
+MoE prefill (T=8192, 20B and 120B expert counts, tile variants, per-stage breakdown, anchors:
+torch._grouped_mm bf16, torch._scaled_grouped_mm FP8 rowwise, HF GptOssExperts grouped_mm),
+MoE small-T sweep (both paths; bandwidth on the expert bytes actually touched).
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+
+import torch
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from common import COPY_TBS, Results, median_ms, random_experts, random_linear, routing  # noqa: E402
+
+from dayzero.kernels import triton_linear as TL  # noqa: E402
+from dayzero.kernels.triton_moe import LARGE, SMALL, MoeRun, MoeTiles  # noqa: E402
+
+H = I = 2880
+K_TOP = 4
+LIMIT = 7.0
+
+
+def ceilings(res: Results) -> None:
+    a = torch.empty(1 << 30, dtype=torch.uint8, device="cuda")
+    b = torch.empty_like(a)
+    ms = median_ms(lambda: b.copy_(a))
+    res.add(section="ceiling", name="copy_1GiB", ms=ms, tbs=2 * a.numel() / ms / 1e9)
+    del a, b
+    n = 8192
+    lw = random_linear(n, n, seed=1)
+    q, s_t = TL.quantize_rows(torch.randn(n, n, device="cuda").bfloat16())
+    ms = median_ms(lambda: TL.gemm_fp8_cublas(q, s_t, lw))
+    res.add(section="ceiling", name="cublas_fp8_block_8192^3", ms=ms, tflops=2 * n**3 / ms / 1e9)
+
+
+LINEAR_SHAPES = {"q": (4096, 2880), "qkv": (5120, 2880), "o": (2880, 4096), "lm_head": (201088, 2880)}
+
+
+def dense_linear(res: Results, quick: bool) -> None:
+    for name, (n, k) in LINEAR_SHAPES.items():
+        lw = random_linear(n, k, seed=n)
+        for m in ((8192,) if quick else (8192,)):
+            x = torch.randn(m, k, device="cuda").bfloat16()
+            q, s_t = TL.quantize_rows(x)
+            flop = 2 * m * n * k
+            variants = {
+                "quant_1x128": lambda: TL.quantize_rows(x),
+                "cublas_block": lambda: TL.gemm_fp8_cublas(q, s_t, lw),
+                "triton_tma_128x128_s3": lambda: TL.gemm_fp8_triton(q, s_t, lw, tma=True),
+                "triton_tma_128x128_s4": lambda: TL.gemm_fp8_triton(q, s_t, lw, tma=True, stages=4),
+                "triton_ptr_128x128_s3": lambda: TL.gemm_fp8_triton(q, s_t, lw, tma=False),
+                "linear_op_total": lambda: TL.linear(x, lw),
+            }
+            for var, fn in variants.items():
+                ms = median_ms(fn)
+                row = dict(section="linear_prefill", shape=name, M=m, N=n, K=k, variant=var, ms=ms)
+                if var != "quant_1x128":
+                    row["tflops"] = flop / ms / 1e9
+                res.add(**row)
+        wbytes = n * k + lw.scale.numel() * 4
+        for m in (1, 8, 64):
+            x = torch.randn(m, k, device="cuda").bfloat16()
+            q, s_t = TL.quantize_rows(x)
+            for var, fn in {"w8a16_triton": lambda: TL.gemm_w8a16_triton(x, lw),
+                            "w8a16_triton_bn128": lambda: TL.gemm_w8a16_triton(x, lw, bn=128),
+                            "cublas_block_prequant": lambda: TL.gemm_fp8_cublas(q, s_t, lw),
+                            "linear_op_total": lambda: TL.linear(x, lw)}.items():
+                ms = median_ms(fn)
+                res.add(section="linear_decode", shape=name, M=m, N=n, K=k, variant=var, ms=ms,
+                        tbs=wbytes / ms / 1e9, frac_copy=wbytes / ms / 1e9 / COPY_TBS)
+        del lw
+
+
+def _flop(T: int) -> float:
+    return 6.0 * T * K_TOP * H * I  # gate_up 2*T*k*2I*H + down 2*T*k*H*I
+
+
+PREFILL_VARIANTS = {
+    "default": LARGE,
+    "ptr_loads": MoeTiles(64, 256, 128, 8, 4, 3, 16, tma=False),
+    "stages4": MoeTiles(64, 256, 128, 8, 4, 4, 16, tma=True),
+    "group8": MoeTiles(64, 256, 128, 8, 4, 3, 8, tma=True),
+    "down_w8": MoeTiles(64, 256, 128, 8, 8, 3, 16, tma=True),
+    "bm128": MoeTiles(128, 256, 128, 8, 8, 3, 16, tma=True),
+}
+
+
+def moe_prefill(res: Results, E: int, T: int, quick: bool) -> None:
+    ex = random_experts(E, H, I, seed=E)
+    x = torch.randn(T, H, device="cuda").bfloat16()
+    for balanced in (True, False):
+        w, ids = routing(T, E, K_TOP, balanced, seed=T)
+        variants = {"default": LARGE} if (quick or balanced) else PREFILL_VARIANTS
+        for var, tiles in variants.items():
+            run = MoeRun(x, w, ids, ex, LIMIT, tiles=tiles, small=False)
+            ms = median_ms(run)
+            res.add(section="moe_prefill", E=E, T=T, balanced=balanced, variant=var, ms=ms,
+                    tflops_useful=_flop(T) / ms / 1e9)
+            if var == "default":  # per-stage breakdown on the same buffers
+                run()
+                for stage in MoeRun.STAGES:
+                    sms = median_ms(getattr(run, stage))
+                    row = dict(section="moe_prefill_stage", E=E, T=T, balanced=balanced, stage=stage, ms=sms)
+                    if stage in ("gate_up", "down"):
+                        row["tflops"] = (_flop(T) * (2 / 3 if stage == "gate_up" else 1 / 3)) / sms / 1e9
+                    res.add(**row)
+            del run
+    res.section(f"anchors_E{E}", anchors, ex, T)
+
+
+def anchors(res: Results, ex, T: int) -> None:
+    """Same weights, balanced routing (T*k/E rows per expert): torch grouped GEMMs and HF's experts."""
+    from dayzero.weights import fp8
+
+    E = ex.num_experts
+    P = T * K_TOP
+    offs = (torch.arange(1, E + 1, device="cuda") * (P // E)).to(torch.int32)
+    xs = torch.randn(P, H, device="cuda").bfloat16()
+    w1 = torch.stack([fp8.dequantize_weight_block(ex.gate_up[e], ex.gate_up_scale[e]).bfloat16() for e in range(E)])
+    w2 = torch.stack([fp8.dequantize_weight_block(ex.down[e], ex.down_scale[e]).bfloat16() for e in range(E)])
+    gu_flop, dn_flop = 2.0 * P * H * 2 * I, 2.0 * P * I * H
+
+    def act(gu):
+        gate, up = gu[:, ::2].clamp(max=LIMIT), gu[:, 1::2].clamp(-LIMIT, LIMIT)
+        return ((up + 1) * gate * torch.sigmoid(1.702 * gate)).bfloat16()
+
+    ms = median_ms(lambda: torch._grouped_mm(xs, w1.transpose(1, 2), offs=offs))
+    res.add(section="anchor", E=E, T=T, name="grouped_mm_bf16_gate_up", ms=ms, tflops=gu_flop / ms / 1e9)
+    ms = median_ms(lambda: torch._grouped_mm(act(torch._grouped_mm(xs, w1.transpose(1, 2), offs=offs)),
+                                             w2.transpose(1, 2), offs=offs))
+    res.add(section="anchor", E=E, T=T, name="grouped_mm_bf16_moe_with_act", ms=ms,
+            tflops=(gu_flop + dn_flop) / ms / 1e9)
+    # FP8 rowwise: one scale per activation row and per weight output row
+    sa = xs.float().abs().amax(1).clamp(min=1e-12) / 448
+    xq = (xs.float() / sa[:, None]).to(torch.float8_e4m3fn)
+    sb = w1.float().abs().amax(2).clamp(min=1e-12) / 448                      # [E, 2I]
+    w1q = (w1.float() / sb[..., None]).to(torch.float8_e4m3fn)
+    ms = median_ms(lambda: torch._scaled_grouped_mm(xq, w1q.transpose(1, 2), sa, sb, offs=offs,
+                                                    out_dtype=torch.bfloat16))
+    res.add(section="anchor", E=E, T=T, name="scaled_grouped_mm_fp8_rowwise_gate_up", ms=ms, tflops=gu_flop / ms / 1e9)
+    del xq, w1q
+    res.section(f"hf_experts_E{E}", hf_experts, ex, w1, w2, T)
+
+
+def hf_experts(res: Results, ex, w1, w2, T: int) -> None:
+    from transformers import GptOssConfig
+    from transformers.models.gpt_oss.modeling_gpt_oss import GptOssExperts
+
+    E = ex.num_experts
+    cfg = GptOssConfig(hidden_size=H, intermediate_size=I, num_local_experts=E, num_experts_per_tok=K_TOP)
+    cfg._experts_implementation = "grouped_mm"
+    with torch.device("cuda"):
+        mod = GptOssExperts(cfg).to(torch.bfloat16)
+    mod.gate_up_proj.data = w1.transpose(1, 2).contiguous()                  # HF keeps (in, out)
+    mod.gate_up_proj_bias.data = ex.gate_up_bias.clone()
+    mod.down_proj.data = w2.transpose(1, 2).contiguous()
+    mod.down_proj_bias.data = ex.down_bias.clone()
+    x = torch.randn(T, H, device="cuda").bfloat16()
+    w, ids = routing(T, E, K_TOP, True, seed=T)
+    with torch.no_grad():
+        ms = median_ms(lambda: mod(x, ids, w))
+        ours = MoeRun(x, w, ids, ex, LIMIT, small=False)()
+        hf = mod(x, ids, w)
+    rel = ((ours.float() - hf.float()).norm() / hf.float().norm()).item()
+    res.add(section="anchor", E=E, T=T, name="hf_gptoss_experts_grouped_mm", ms=ms, tflops_useful=_flop(T) / ms / 1e9,
+            rel_err_ours_fp8_vs_hf_bf16=rel)
+
+
+def moe_sweep(res: Results, E: int, quick: bool) -> None:
+    ex = random_experts(E, H, I, seed=E + 1)
+    per_expert = 2 * I * H + H * I + 4 * (ex.gate_up_scale[0].numel() + ex.down_scale[0].numel()) + 2 * (3 * I + H)
+    Ts = (1, 4, 16, 64, 256, 1024) if quick else (1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 1024, 2048)
+    for T in Ts:
+        x = torch.randn(T, H, device="cuda").bfloat16()
+        w, ids = routing(T, E, K_TOP, False, seed=T + 7)
+        touched = int(torch.unique(ids).numel())
+        paths = {"small": (True, SMALL), "large": (False, LARGE)}
+        if T in (1, 64):
+            paths["small_bn128"] = (True, MoeTiles(16, 128, 128, 4, 4, 4, 1))
+            paths["small_bn32"] = (True, MoeTiles(16, 32, 32, 4, 4, 4, 1))
+        for name, (small, tiles) in paths.items():
+            run = MoeRun(x, w, ids, ex, LIMIT, tiles=tiles, small=small)
+            ms = median_ms(run)
+            gbs = touched * per_expert / ms / 1e6
+            res.add(section="moe_sweep", E=E, T=T, path=name, ms=ms, experts_touched=touched,
+                    tbs_touched=gbs / 1e3, frac_copy=gbs / 1e3 / COPY_TBS, tflops_useful=_flop(T) / ms / 1e9)
+        if T in (1, 64):
+            run = MoeRun(x, w, ids, ex, LIMIT, small=True)
+            run()
+            for stage in MoeRun.STAGES:
+                res.add(section="moe_sweep_stage", E=E, T=T, path="small", stage=stage, ms=median_ms(getattr(run, stage)))
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--out", default=os.environ.get("OUT", "."))
+    ap.add_argument("--quick", action="store_true")
+    ap.add_argument("--sections", default="ceilings,linear,moe_prefill,moe_sweep")
+    args = ap.parse_args()
+    res = Results("moe-kernels")
+    want = set(args.sections.split(","))
+    if "ceilings" in want:
+        res.section("ceilings", ceilings)
+    if "linear" in want:
+        res.section("linear", dense_linear, args.quick)
+    for E in (32, 128):
+        if "moe_prefill" in want:
+            res.section(f"moe_prefill_E{E}", moe_prefill, E, 8192, args.quick)
+        if "moe_sweep" in want:
+            res.section(f"moe_sweep_E{E}", moe_sweep, E, args.quick)
+    print("wrote", res.write(args.out), "errors:", len(res.errors))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

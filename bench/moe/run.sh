@@ -1,0 +1,36 @@
+#!/usr/bin/env bash
+# FP8 linear / MoE / router on the GPU in one go: GPU tests, kernel benchmarks with same-run anchors,
+# then the end-to-end engine runs (HF comparison at 2048 tokens, `dayzero bench prefill|decode`).
+# Writes under $OUT: moe.log, moe-kernels.json, e2e-hf-20b.json, bench-{prefill,decode}-<model>.json.
+# MOE_STEPS selects steps (default: all): tests,kernels,e2e,prefill20,decode20,prefill120,decode120.
+set -u
+cd "$(dirname "$0")/../.."
+export PYTHONPATH="shared${PYTHONPATH:+:$PYTHONPATH}" PYTHONUNBUFFERED=1 NCCL_NVLS_ENABLE=0
+OUT="${OUT:-out}"
+mkdir -p "$OUT"
+log="$OUT/moe.log"
+steps=",${MOE_STEPS:-tests,kernels,e2e,prefill20,decode20,prefill120},"
+rc=0
+step() {  # step NAME TIMEOUT_S CMD...
+  local name=$1 t=$2; shift 2
+  case "$steps" in *",$name,"*) ;; *) return 0 ;; esac
+  echo "=== $name ($(date -u +%H:%M:%S))" | tee -a "$log"
+  timeout "$t" "$@" 2>&1 | tee -a "$log"
+  local r=${PIPESTATUS[0]}
+  echo "=== $name rc=$r" | tee -a "$log"
+  [ "$r" = 0 ] || rc=1
+}
+step tests 240 python3 -m pytest -q -p no:cacheprovider --noconftest -o addopts="" -x \
+  tests/kernels/test_linear_gpu.py tests/kernels/test_moe_gpu.py
+step kernels 300 python3 bench/moe/bench_kernels.py --out "$OUT" ${MOE_KERNEL_ARGS:-}
+step e2e 200 python3 bench/moe/e2e_hf.py --out "$OUT" --model 20b --tokens 2048
+step prefill20 150 python3 -m dayzero bench prefill --model 20b --tokens 8192 --repeat 5 --breakdown \
+  --json "$OUT/bench-prefill-20b.json"
+step decode20 150 python3 -m dayzero bench decode --model 20b --batch 1,64 --context 1024 --steps 32 \
+  --json "$OUT/bench-decode-20b.json"
+step prefill120 200 python3 -m dayzero bench prefill --model 120b --tokens 8192 --repeat 3 --breakdown \
+  --json "$OUT/bench-prefill-120b.json"
+step decode120 200 python3 -m dayzero bench decode --model 120b --batch 1,64 --context 1024 --steps 16 \
+  --json "$OUT/bench-decode-120b.json"
+echo "moe: rc=$rc" | tee -a "$log"
+exit $rc
