@@ -1,0 +1,121 @@
+"""Shared pieces of the attention benchmark: run metadata, timers, ceilings, problem builders."""
+
+from __future__ import annotations
+
+import datetime
+import hashlib
+import os
+import pathlib
+import subprocess
+
+import torch
+import triton
+from triton.testing import do_bench
+
+ROOT = pathlib.Path(__file__).resolve().parents[2]
+HQ, HKV, D, BS = 64, 8, 64, 16
+
+
+def run_meta() -> dict:
+    """Commit (git, else the carried .devmeta/commit), GPU, versions, UTC date, kernel source hash."""
+    commit = ""
+    try:
+        commit = subprocess.run(["git", "rev-parse", "HEAD"], cwd=ROOT, capture_output=True, text=True,
+                                timeout=10).stdout.strip()
+    except (OSError, subprocess.SubprocessError):
+        pass
+    meta_file = ROOT / ".devmeta" / "commit"
+    if not commit and meta_file.exists():
+        commit = meta_file.read_text().strip()
+    src = hashlib.sha256()
+    for p in sorted((ROOT / "shared" / "dayzero" / "kernels").glob("triton_attention*.py")):
+        src.update(p.read_bytes())
+    props = torch.cuda.get_device_properties(0)
+    return {"commit": commit or "unknown", "kernel_sources_sha256": src.hexdigest()[:16],
+            "gpu": torch.cuda.get_device_name(0), "sms": props.multi_processor_count,
+            "torch": torch.__version__, "triton": triton.__version__,
+            "date_utc": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds")}
+
+
+def time_ms(fn, rep: int = 100) -> float:
+    """Median ms per call with events; L2 flushed before each call (triton's do_bench)."""
+    return float(do_bench(fn, warmup=25, rep=rep, return_mode="median"))
+
+
+def graph_time_ms(fns: list, target_ms: float = 20.0, samples: int = 5) -> float:
+    """Median ms per call of ``fns`` (rotating over distinct buffers) replayed from one CUDA graph."""
+    for f in fns:
+        f()
+    torch.cuda.synchronize()
+    s = torch.cuda.Stream()
+    s.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(s):
+        g = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(g, stream=s):
+            for f in fns:
+                f()
+    torch.cuda.current_stream().wait_stream(s)
+    torch.cuda.synchronize()
+    t0, t1 = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    t0.record()
+    g.replay()
+    t1.record()
+    torch.cuda.synchronize()
+    reps = max(1, int(target_ms / max(t0.elapsed_time(t1), 1e-3)))
+    out = []
+    for _ in range(samples):
+        t0.record()
+        for _ in range(reps):
+            g.replay()
+        t1.record()
+        torch.cuda.synchronize()
+        out.append(t0.elapsed_time(t1) / (reps * len(fns)))
+    out.sort()
+    return out[len(out) // 2]
+
+
+def copy_bandwidth() -> float:
+    """Device-to-device copy, bytes read + written per second (the memory ceiling)."""
+    x = torch.empty(1 << 30, dtype=torch.uint8, device="cuda").random_()
+    y = torch.empty_like(x)
+    ms = time_ms(lambda: y.copy_(x))
+    del x, y
+    return 2 * (1 << 30) / (ms * 1e-3)
+
+
+def bf16_gemm_tflops() -> float:
+    a = torch.randn(8192, 8192, device="cuda", dtype=torch.bfloat16)
+    b = torch.randn(8192, 8192, device="cuda", dtype=torch.bfloat16)
+    ms = time_ms(lambda: a @ b)
+    return 2 * 8192 ** 3 / (ms * 1e-3) / 1e12
+
+
+def single_sequence(n: int, cached: int = 0, seed: int = 0):
+    """One sequence of ``n`` new tokens after ``cached`` paged tokens (shuffled pages), sinks N(0,2)."""
+    g = torch.Generator(device="cuda").manual_seed(seed)
+    rnd = lambda *s: torch.randn(*s, device="cuda", generator=g, dtype=torch.bfloat16)  # noqa: E731
+    nblk = max(1, triton.cdiv(cached, BS))
+    k_cache, v_cache = rnd(nblk, BS, HKV, D), rnd(nblk, BS, HKV, D)
+    tables = torch.randperm(nblk, device="cuda", generator=g).to(torch.int32)[None]
+    return dict(q=rnd(n, HQ, D), k=rnd(n, HKV, D), v=rnd(n, HKV, D), k_cache=k_cache, v_cache=v_cache,
+                block_tables=tables, cu_seqlens_q=torch.tensor([0, n], dtype=torch.int32, device="cuda"),
+                cached_lens=torch.tensor([cached], dtype=torch.int32, device="cuda"),
+                sinks=torch.randn(HQ, device="cuda", generator=g) * 2)
+
+
+def sink_reference_rows(q, k, v, sinks, rows: slice, window: int, scale: float) -> torch.Tensor:
+    """fp32 reference for some query rows of one uncached sequence (causal, window, sinks)."""
+    n = k.shape[0]
+    qs = q[rows].float()                                            # [R, Hq, D]
+    pos = torch.arange(n, device=q.device)[rows]
+    kk = k.float().repeat_interleave(HQ // HKV, 1)                  # [N, Hq, D]
+    vv = v.float().repeat_interleave(HQ // HKV, 1)
+    s = torch.einsum("rhd,nhd->hrn", qs, kk) * scale
+    kpos = torch.arange(n, device=q.device)
+    vis = kpos[None] <= pos[:, None]
+    if window:
+        vis &= (pos[:, None] - kpos[None]) < window
+    s = s.masked_fill(~vis[None], float("-inf"))
+    s = torch.cat([s, sinks.float().view(-1, 1, 1).expand(-1, s.shape[1], 1)], -1)
+    p = torch.softmax(s, -1)[..., :-1]
+    return torch.einsum("hrn,nhd->rhd", p, vv)

@@ -1,0 +1,246 @@
+"""Attention benchmark on one GPU (GPT-OSS shapes: 64/8 heads, head dim 64, page 16, bf16, sinks).
+
+Measures, in one run: the copy-bandwidth and bf16 GEMM ceilings; causal prefill TFLOP/s (useful
+FLOPs 2*N^2*D per head) at 8k/32k/128k for several tile configs, beside torch SDPA (no sinks);
+sliding-window (128) prefill time vs the time to move Q, K, V and O once; chunked prefill over a
+paged prefix; decode KV bandwidth at batch 1..256 x context 1k..128k (CUDA-graph replay, rotating
+over distinct pages so L2 cannot serve repeats) for several configs and split counts; store_kv.
+Prints a table, writes ``attention.json`` into ``--out`` (default $OUT or .).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import pathlib
+import sys
+
+import torch
+import triton
+
+sys.path.insert(0, str(pathlib.Path(__file__).resolve().parent))
+from attn_common import BS, D, HKV, HQ, bf16_gemm_tflops, copy_bandwidth, graph_time_ms, run_meta  # noqa: E402
+from attn_common import single_sequence, sink_reference_rows, time_ms  # noqa: E402
+
+from dayzero.kernels.triton_attention import attention, store_kv  # noqa: E402
+from dayzero.kernels.triton_attention_decode import choose_num_splits  # noqa: E402
+
+SCALE = D ** -0.5
+PREFILL_CFGS = {
+    "m128n64w8s3": dict(BLOCK_M=128, BLOCK_N=64, num_warps=8, num_stages=3),
+    "m128n128w8s3": dict(BLOCK_M=128, BLOCK_N=128, num_warps=8, num_stages=3),
+    "m128n64w4s3": dict(BLOCK_M=128, BLOCK_N=64, num_warps=4, num_stages=3),
+    "m128n128w8s2": dict(BLOCK_M=128, BLOCK_N=128, num_warps=8, num_stages=2),
+    "m256n64w8s2": dict(BLOCK_M=256, BLOCK_N=64, num_warps=8, num_stages=2),
+    "m64n64w4s3": dict(BLOCK_M=64, BLOCK_N=64, num_warps=4, num_stages=3),
+}
+WINDOW_CFGS = {
+    "m64n64w4s3": dict(BLOCK_M=64, BLOCK_N=64, num_warps=4, num_stages=3),
+    "m64n32w4s3": dict(BLOCK_M=64, BLOCK_N=32, num_warps=4, num_stages=3),
+    "m128n64w8s3": dict(BLOCK_M=128, BLOCK_N=64, num_warps=8, num_stages=3),
+    "m128n128w8s2": dict(BLOCK_M=128, BLOCK_N=128, num_warps=8, num_stages=2),
+    "m64n128w4s2": dict(BLOCK_M=64, BLOCK_N=128, num_warps=4, num_stages=2),
+}
+DECODE_CFGS = {
+    "n64w4s3": dict(BLOCK_N=64, num_warps=4, num_stages=3),
+    "n128w4s3": dict(BLOCK_N=128, num_warps=4, num_stages=3),
+    "n64w4s4": dict(BLOCK_N=64, num_warps=4, num_stages=4),
+    "n128w8s3": dict(BLOCK_N=128, num_warps=8, num_stages=3),
+}
+WINDOW = 128
+
+
+def causal_flops(n: int, window: int = 0, cached: int = 0) -> float:
+    i = torch.arange(n, dtype=torch.float64)
+    keys = cached + i + 1
+    if window:
+        keys = keys.clamp(max=window)
+    return float(4 * D * HQ * keys.sum())
+
+
+def qkvo_bytes(n: int) -> int:
+    return 2 * n * D * (2 * HQ + 2 * HKV)
+
+
+def bench_prefill(sizes, rows, ceil_bw, quick):
+    res = []
+    for window, cfgs in ((0, PREFILL_CFGS), (WINDOW, WINDOW_CFGS)):
+        best = None
+        for n in sizes:
+            c = single_sequence(n, seed=n)
+            args = (c["q"], c["k"], c["v"], c["k_cache"], c["v_cache"], c["block_tables"], c["cu_seqlens_q"],
+                    c["cached_lens"], c["sinks"], SCALE, window)
+            names = list(cfgs) if (n <= 32768 and not quick) else [best or next(iter(cfgs))]
+            for name in names:
+                out = torch.empty_like(c["q"])
+                fn = lambda cfg=cfgs[name]: attention(*args, max_seqlen_q=n, config=cfg, out=out)  # noqa: E731
+                ms = time_ms(fn, rep=200 if n < 100000 else 50)
+                r = dict(kind="prefill", window=window, n=n, config=name, ms=ms,
+                         tflops=causal_flops(n, window) / (ms * 1e-3) / 1e12,
+                         floor_ms=qkvo_bytes(n) / ceil_bw * 1e3)
+                r["x_floor"] = ms / r["floor_ms"]
+                res.append(r)
+            here = [r for r in res if r["window"] == window and r["n"] == n]
+            top = min(here, key=lambda r: r["ms"])
+            if n <= 32768:
+                best = top["config"]
+            # accuracy of the best config on the first and last 256 rows (fp32 reference)
+            out = attention(*args, max_seqlen_q=n, config=cfgs[top["config"]])
+            errs = []
+            for sl in (slice(0, 256), slice(n - 256, n)):
+                ref = sink_reference_rows(c["q"], c["k"], c["v"], c["sinks"], sl, window, SCALE)
+                errs.append(float((out[sl].float() - ref).norm() / ref.norm()))
+            top["rel_err"] = max(errs)
+            del c, out, ref
+            torch.cuda.empty_cache()
+            rows.append(f"prefill W={window or 'full':>4} N={n:>6}  best {top['config']:<13} {top['ms']:8.3f} ms "
+                        f"{top['tflops']:6.1f} TFLOP/s  {top['x_floor']:5.1f}x QKVO floor  err {top['rel_err']:.1e}")
+    return res
+
+
+def bench_sdpa(sizes, rows):
+    from torch.nn.attention import SDPBackend, sdpa_kernel
+    res = []
+    for n in sizes:
+        g = torch.Generator(device="cuda").manual_seed(1)
+        q = torch.randn(1, HQ, n, D, device="cuda", dtype=torch.bfloat16, generator=g)
+        k = torch.randn(1, HKV, n, D, device="cuda", dtype=torch.bfloat16, generator=g)
+        v = torch.randn(1, HKV, n, D, device="cuda", dtype=torch.bfloat16, generator=g)
+        variant = "gqa"
+        try:
+            with sdpa_kernel([SDPBackend.FLASH_ATTENTION, SDPBackend.CUDNN_ATTENTION, SDPBackend.EFFICIENT_ATTENTION]):
+                fn = lambda: torch.nn.functional.scaled_dot_product_attention(q, k, v, is_causal=True, enable_gqa=True)  # noqa: E731
+                fn()
+                ms = time_ms(fn, rep=200 if n < 100000 else 50)
+        except RuntimeError:
+            variant = "expanded"
+            k, v = (t.repeat_interleave(HQ // HKV, 1) for t in (k, v))
+            with sdpa_kernel([SDPBackend.FLASH_ATTENTION, SDPBackend.CUDNN_ATTENTION, SDPBackend.EFFICIENT_ATTENTION]):
+                fn = lambda: torch.nn.functional.scaled_dot_product_attention(q, k, v, is_causal=True)  # noqa: E731
+                ms = time_ms(fn, rep=200 if n < 100000 else 50)
+        r = dict(kind="sdpa", n=n, variant=variant, ms=ms, tflops=causal_flops(n) / (ms * 1e-3) / 1e12)
+        res.append(r)
+        rows.append(f"torch SDPA causal (no sinks, {variant}) N={n:>6} {ms:8.3f} ms {r['tflops']:6.1f} TFLOP/s")
+        del q, k, v
+        torch.cuda.empty_cache()
+    return res
+
+
+def bench_chunked(rows):
+    res = []
+    cached, n = 24576, 8192
+    for window in (0, WINDOW):
+        c = single_sequence(n, cached=cached, seed=3)
+        args = (c["q"], c["k"], c["v"], c["k_cache"], c["v_cache"], c["block_tables"], c["cu_seqlens_q"],
+                c["cached_lens"], c["sinks"], SCALE, window)
+        ms = time_ms(lambda: attention(*args, max_seqlen_q=n))
+        r = dict(kind="chunked_prefill", window=window, cached=cached, n=n, ms=ms,
+                 tflops=causal_flops(n, window, cached) / (ms * 1e-3) / 1e12)
+        res.append(r)
+        rows.append(f"chunked prefill W={window or 'full':>4} {n} new after {cached} paged: {ms:8.3f} ms "
+                    f"{r['tflops']:6.1f} TFLOP/s")
+    return res
+
+
+def bench_decode(rows, ceil_bw, quick):
+    res = []
+    max_tokens = 8 * 1024 * 1024
+    pool_blocks = max_tokens // BS + 4096
+    g = torch.Generator(device="cuda").manual_seed(7)
+    k_pool = torch.randn(pool_blocks, BS, HKV, D, device="cuda", dtype=torch.bfloat16, generator=g)
+    v_pool = torch.randn(pool_blocks, BS, HKV, D, device="cuda", dtype=torch.bfloat16, generator=g)
+    sinks = torch.randn(HQ, device="cuda", generator=g) * 2
+    grid = [(b, L, 0) for b in (1, 8, 64, 256) for L in (1024, 8192, 32768, 131072) if b * L <= max_tokens]
+    grid += [(b, L, WINDOW) for b in (1, 64, 256) for L in (8192, 32768)]
+    for B, L, window in grid:
+        nb = triton.cdiv(L, BS)
+        kv_bytes = B * min(L, window or L) * HKV * D * 2 * 2
+        R = int(max(1, min(128, pool_blocks // (B * nb), triton.cdiv(1 << 29, kv_bytes))))
+        tables = torch.randperm(pool_blocks, device="cuda", generator=g)[:R * B * nb].view(R, B, nb).to(torch.int32)
+        q = torch.randn(B, HQ, D, device="cuda", dtype=torch.bfloat16, generator=g)
+        k = torch.randn(B, HKV, D, device="cuda", dtype=torch.bfloat16, generator=g)
+        v = torch.randn(B, HKV, D, device="cuda", dtype=torch.bfloat16, generator=g)
+        cu = torch.arange(B + 1, device="cuda", dtype=torch.int32)
+        cl = torch.full((B,), L, device="cuda", dtype=torch.int32)
+        out = torch.empty_like(q)
+        heur = choose_num_splits(B, HKV, L, window, num_sms=torch.cuda.get_device_properties(0).multi_processor_count)
+        splits = {heur}
+        if B <= 8 and not quick and not window:
+            splits |= {s for s in (4, 16, 32, 64, 128) if s <= triton.cdiv(L, 64)}
+        cfgs = [n for n in DECODE_CFGS] if not quick else ["n64w4s3"]
+        for name in cfgs:
+            for ns in sorted(splits):
+                if name != "n64w4s3" and ns != heur:
+                    continue
+                fns = [lambda t=tables[r], cfg=DECODE_CFGS[name], ns=ns: attention(
+                    q, k, v, k_pool, v_pool, t, cu, cl, sinks, SCALE, window, max_seqlen_q=1, num_splits=ns,
+                    config=cfg, out=out) for r in range(R)]
+                ms = graph_time_ms(fns)
+                res.append(dict(kind="decode", batch=B, context=L, window=window, config=name, num_splits=ns,
+                                heuristic_splits=heur, rotations=R, us=ms * 1e3, kv_bytes=kv_bytes,
+                                tbps=kv_bytes / (ms * 1e-3) / 1e12, frac_copy_bw=kv_bytes / (ms * 1e-3) / ceil_bw))
+        eager_us = time_ms(lambda: attention(q, k, v, k_pool, v_pool, tables[0], cu, cl, sinks, SCALE, window,
+                                             max_seqlen_q=1, out=out)) * 1e3
+        here = [r for r in res if r["kind"] == "decode" and (r["batch"], r["context"], r["window"]) == (B, L, window)]
+        top = min(here, key=lambda r: r["us"])
+        dflt = [r for r in here if r["config"] == "n64w4s3" and r["num_splits"] == heur][0]
+        dflt["eager_us"] = eager_us
+        rows.append(f"decode B={B:>3} ctx={L:>6} W={window or 'full':>4}: default {dflt['us']:7.1f} us "
+                    f"{dflt['tbps']:5.2f} TB/s | best {top['config']}/s{top['num_splits']} {top['us']:7.1f} us "
+                    f"{top['tbps']:5.2f} TB/s ({top['frac_copy_bw']:.0%} of copy) | eager {eager_us:6.1f} us")
+        del tables, q, k, v, out
+    del k_pool, v_pool
+    torch.cuda.empty_cache()
+    return res
+
+
+def bench_store(rows, ceil_bw):
+    T, nb = 8192, 8192 // BS + 64
+    k = torch.randn(T, HKV, D, device="cuda", dtype=torch.bfloat16)
+    v = torch.randn_like(k)
+    kc = torch.empty(nb, BS, HKV, D, device="cuda", dtype=torch.bfloat16)
+    vc = torch.empty_like(kc)
+    slots = torch.randperm(nb * BS, device="cuda")[:T]
+    ms = time_ms(lambda: store_kv(k, v, kc, vc, slots))
+    b = 4 * k.numel() * 2
+    rows.append(f"store_kv T={T}: {ms * 1e3:.1f} us, {b / (ms * 1e-3) / 1e12:.2f} TB/s (read + write)")
+    return [dict(kind="store_kv", tokens=T, us=ms * 1e3, tbps=b / (ms * 1e-3) / 1e12)]
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__)
+    ap.add_argument("--out", default=os.environ.get("OUT", "."))
+    ap.add_argument("--quick", action="store_true", help="one config per kernel, no 128k")
+    ap.add_argument("--skip", default="", help="comma list of sections to skip: prefill,sdpa,chunked,decode,store")
+    a = ap.parse_args()
+    skip = set(filter(None, a.skip.split(",")))
+    torch.backends.cuda.matmul.allow_tf32 = False
+    meta = run_meta()
+    bw, tf = copy_bandwidth(), bf16_gemm_tflops()
+    rows = [f"{meta['gpu']} commit {meta['commit'][:12]} {meta['date_utc']} | copy {bw / 1e12:.2f} TB/s, "
+            f"bf16 GEMM {tf:.0f} TFLOP/s"]
+    sizes = [8192, 32768] if a.quick else [8192, 32768, 131072]
+    results = []
+    sections = [("prefill", lambda: bench_prefill(sizes, rows, bw, a.quick)), ("sdpa", lambda: bench_sdpa(sizes, rows)),
+                ("chunked", lambda: bench_chunked(rows)), ("decode", lambda: bench_decode(rows, bw, a.quick)),
+                ("store", lambda: bench_store(rows, bw))]
+    for name, fn in sections:
+        if name in skip:
+            continue
+        try:
+            results += fn()
+        except Exception as e:  # keep the other sections' numbers; the failure is reported, not hidden
+            rows.append(f"SECTION {name} FAILED: {type(e).__name__}: {e}")
+            results.append(dict(kind="error", section=name, error=f"{type(e).__name__}: {e}"))
+        print(f"[section {name} done]", flush=True)
+    doc = dict(meta=meta, ceilings=dict(copy_bytes_per_s=bw, bf16_gemm_tflops=tf), results=results, table=rows)
+    path = pathlib.Path(a.out) / "attention.json"
+    path.write_text(json.dumps(doc, indent=1))
+    print("\n".join(rows))
+    print(f"wrote {path}")
+    return 0 if not any(r["kind"] == "error" for r in results) else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,16 @@
+#!/usr/bin/env bash
+# Attention on the GPU in one go: the GPU tests, then the benchmark.
+# Writes $OUT/attention.json (results + meta) and $OUT/attention.log (test + bench output).
+# Extra arguments go to bench_attention.py (e.g. --quick, --skip decode).
+set -u
+cd "$(dirname "$0")/../.."
+export PYTHONPATH="shared${PYTHONPATH:+:$PYTHONPATH}" PYTHONUNBUFFERED=1
+OUT="${OUT:-out}"
+mkdir -p "$OUT"
+log="$OUT/attention.log"
+python3 -m pytest -q -p no:cacheprovider --noconftest -o addopts="" -x tests/kernels/test_attention_gpu.py 2>&1 | tee "$log"
+tests_rc=${PIPESTATUS[0]}
+python3 bench/attention/bench_attention.py --out "$OUT" "$@" 2>&1 | tee -a "$log"
+bench_rc=${PIPESTATUS[0]}
+echo "attention: tests rc=$tests_rc bench rc=$bench_rc" | tee -a "$log"
+[ "$tests_rc" = 0 ] && [ "$bench_rc" = 0 ]

@@ -1,0 +1,186 @@
+"""Triton split-KV decode attention with sinks (one new token per sequence, paged cache).
+
+Grid ``(num_splits, Hkv, B)``: one program reads one slice of one sequence's cached keys of one KV
+head and serves all ``GROUP = Hq // Hkv`` query heads of that KV head at once (the group is the M
+side of the tensor-core product, padded to 16), so each cached K/V byte is read once.
+  * ``num_splits == 1``: the program also adds the new token's own key (from ``k``/``v``) and the
+    sink, then writes the output. One launch.
+  * ``num_splits > 1``: programs write partial ``(m, l, acc)`` per head; ``_combine_kernel`` merges
+    the splits, then adds the new key and the sink (the sink exactly once), then writes.
+Split boundaries are computed on the device from ``cached_lens`` (the same ``num_splits`` for every
+sequence), so a launch needs no host sync and has a fixed shape per batch size: CUDA-graph safe.
+"""
+
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+
+from .triton_attention_prefill import LOG2E
+
+
+@triton.jit
+def _decode_split_kernel(q_ptr, k_ptr, v_ptr, kc_ptr, vc_ptr, bt_ptr, cu_ptr, cl_ptr, sink_ptr,
+                         o_ptr, mp_ptr, lp_ptr, op_ptr,
+                         stride_qt, stride_qh, stride_kt, stride_kh, stride_vt, stride_vh,
+                         stride_kcb, stride_kct, stride_kch, stride_vcb, stride_vct, stride_vch,
+                         stride_bt, stride_ot, stride_oh,
+                         qk_scale, window, num_splits,
+                         GROUP: tl.constexpr, G_P2: tl.constexpr, BS: tl.constexpr,
+                         HEAD_D: tl.constexpr, BLOCK_N: tl.constexpr, HAS_WINDOW: tl.constexpr,
+                         SINGLE: tl.constexpr):
+    s = tl.program_id(0)
+    hkv = tl.program_id(1)
+    b = tl.program_id(2)
+    q_row = tl.load(cu_ptr + b)
+    q_len = tl.load(cu_ptr + b + 1) - q_row
+    if q_len == 0:
+        return
+    ctx = tl.load(cl_ptr + b)
+    if HAS_WINDOW:
+        lo = tl.maximum(ctx + 1 - window, 0)
+    else:
+        lo = 0
+    lo_al = lo // BLOCK_N * BLOCK_N
+    tiles = tl.cdiv(ctx - lo_al, BLOCK_N)
+    per = tl.cdiv(tiles, num_splits) * BLOCK_N
+    start = lo_al + s * per
+    stop = tl.minimum(start + per, ctx)
+
+    offs_g = tl.arange(0, G_P2)
+    offs_d = tl.arange(0, HEAD_D)
+    offs_n = tl.arange(0, BLOCK_N)
+    g_ok = offs_g < GROUP
+    heads = hkv * GROUP + offs_g                                 # [G] query heads of this KV head
+    q_row64 = q_row.to(tl.int64)
+    q = tl.load(q_ptr + q_row64 * stride_qt + heads[:, None] * stride_qh + offs_d[None, :],
+                mask=g_ok[:, None], other=0.0)                  # [G, D]
+    m_i = tl.zeros([G_P2], dtype=tl.float32) - 1.0e30
+    l_i = tl.zeros([G_P2], dtype=tl.float32)
+    acc = tl.zeros([G_P2, HEAD_D], dtype=tl.float32)
+
+    kc_head = kc_ptr + hkv * stride_kch
+    vc_head = vc_ptr + hkv * stride_vch
+    bt_row = bt_ptr + b.to(tl.int64) * stride_bt
+    for n0 in range(start, stop, BLOCK_N):
+        pos = n0 + offs_n
+        ok = (pos >= lo) & (pos < ctx)
+        blk = tl.load(bt_row + pos // BS, mask=ok, other=0).to(tl.int64)
+        slot = (pos % BS).to(tl.int64)
+        kt = tl.load(kc_head + (blk * stride_kcb + slot * stride_kct)[:, None] + offs_d[None, :],
+                     mask=ok[:, None], other=0.0)               # [BN, D]
+        vt = tl.load(vc_head + (blk * stride_vcb + slot * stride_vct)[:, None] + offs_d[None, :],
+                     mask=ok[:, None], other=0.0)
+        qk = tl.dot(q, tl.trans(kt)) * qk_scale                  # [G, BN]
+        qk = tl.where(ok[None, :], qk, float("-inf"))
+        m_new = tl.maximum(m_i, tl.max(qk, 1))
+        p = tl.math.exp2(qk - m_new[:, None])
+        alpha = tl.math.exp2(m_i - m_new)
+        l_i = l_i * alpha + tl.sum(p, 1)
+        acc = acc * alpha[:, None] + tl.dot(p.to(vt.dtype), vt)
+        m_i = m_new
+
+    if SINGLE:
+        # the new token's own key/value (position ctx) and the sink, then normalise
+        kn = tl.load(k_ptr + q_row64 * stride_kt + hkv * stride_kh + offs_d).to(tl.float32)  # [D]
+        vn = tl.load(v_ptr + q_row64 * stride_vt + hkv * stride_vh + offs_d).to(tl.float32)
+        sn = tl.sum(q.to(tl.float32) * kn[None, :], 1) * qk_scale                         # [G]
+        sink = tl.load(sink_ptr + heads, mask=g_ok, other=0.0).to(tl.float32) * 1.4426950408889634
+        m_new = tl.maximum(tl.maximum(m_i, sn), sink)
+        alpha = tl.math.exp2(m_i - m_new)
+        pn = tl.math.exp2(sn - m_new)
+        l_i = l_i * alpha + pn + tl.math.exp2(sink - m_new)
+        acc = acc * alpha[:, None] + pn[:, None] * vn[None, :]
+        out = acc / l_i[:, None]
+        tl.store(o_ptr + q_row64 * stride_ot + heads[:, None] * stride_oh + offs_d[None, :],
+                 out.to(o_ptr.dtype.element_ty), mask=g_ok[:, None])
+    else:
+        # partials laid out [B, Hq, S] and [B, Hq, S, D]
+        part = (b * tl.num_programs(1) * GROUP + heads).to(tl.int64) * num_splits + s   # [G]
+        tl.store(mp_ptr + part, m_i, mask=g_ok)
+        tl.store(lp_ptr + part, l_i, mask=g_ok)
+        tl.store(op_ptr + part[:, None] * HEAD_D + offs_d[None, :], acc, mask=g_ok[:, None])
+
+
+@triton.jit
+def _combine_kernel(q_ptr, k_ptr, v_ptr, cu_ptr, sink_ptr, o_ptr, mp_ptr, lp_ptr, op_ptr,
+                    stride_qt, stride_qh, stride_kt, stride_kh, stride_vt, stride_vh,
+                    stride_ot, stride_oh, qk_scale, num_splits,
+                    GROUP: tl.constexpr, HEAD_D: tl.constexpr, S_P2: tl.constexpr):
+    h = tl.program_id(0)
+    b = tl.program_id(1)
+    q_row = tl.load(cu_ptr + b)
+    if tl.load(cu_ptr + b + 1) == q_row:
+        return
+    hkv = h // GROUP
+    offs_s = tl.arange(0, S_P2)
+    offs_d = tl.arange(0, HEAD_D)
+    s_ok = offs_s < num_splits
+    part = (b * tl.num_programs(0) + h).to(tl.int64) * num_splits + offs_s          # [S]
+    m_s = tl.load(mp_ptr + part, mask=s_ok, other=float("-inf"))
+    l_s = tl.load(lp_ptr + part, mask=s_ok, other=0.0)
+    o_s = tl.load(op_ptr + part[:, None] * HEAD_D + offs_d[None, :], mask=s_ok[:, None], other=0.0)
+    q_row64 = q_row.to(tl.int64)
+    qv = tl.load(q_ptr + q_row64 * stride_qt + h * stride_qh + offs_d).to(tl.float32)
+    kn = tl.load(k_ptr + q_row64 * stride_kt + hkv * stride_kh + offs_d).to(tl.float32)
+    vn = tl.load(v_ptr + q_row64 * stride_vt + hkv * stride_vh + offs_d).to(tl.float32)
+    sn = tl.sum(qv * kn, 0) * qk_scale
+    sink = tl.load(sink_ptr + h).to(tl.float32) * 1.4426950408889634
+    m = tl.maximum(tl.maximum(tl.max(m_s, 0), sn), sink)
+    w = tl.math.exp2(m_s - m)                                                       # [S]
+    pn = tl.math.exp2(sn - m)
+    l = tl.sum(l_s * w, 0) + pn + tl.math.exp2(sink - m)
+    acc = tl.sum(o_s * w[:, None], 0) + pn * vn                                      # [D]
+    tl.store(o_ptr + q_row64 * stride_ot + h * stride_oh + offs_d, (acc / l).to(o_ptr.dtype.element_ty))
+
+
+def choose_num_splits(batch: int, num_kv_heads: int, max_kv_len: int, window: int = 0,
+                      block_n: int = 64, num_sms: int = 132) -> int:
+    """Splits per sequence so that about two programs per SM are busy (1 once the batch fills it)."""
+    kv = min(max_kv_len, window) if window > 0 else max_kv_len
+    tiles = max(1, triton.cdiv(kv, block_n))
+    progs = batch * num_kv_heads
+    if progs >= num_sms:
+        return 1
+    return int(max(1, min(triton.cdiv(2 * num_sms, progs), triton.cdiv(tiles, 2), 256)))
+
+
+def default_decode_config(head_dim: int) -> dict:
+    return dict(BLOCK_N=64, num_warps=4, num_stages=3)
+
+
+def decode_attention(q, k, v, k_cache, v_cache, block_tables, cu_seqlens_q, cached_lens, sinks,
+                     scale: float, window: int, num_splits: int, out: torch.Tensor,
+                     config: dict | None = None) -> torch.Tensor:
+    """Launch split-KV decode (every sequence has at most one new token)."""
+    T, Hq, D = q.shape
+    Hkv = k.shape[1]
+    B = cached_lens.shape[0]
+    group = Hq // Hkv
+    cfg = dict(default_decode_config(D))
+    cfg.update(config or {})
+    bn = cfg.pop("BLOCK_N")
+    single = num_splits == 1
+    if single:
+        mp = lp = op = out  # unused
+    else:
+        mp = torch.empty((B, Hq, num_splits), device=q.device, dtype=torch.float32)
+        lp = torch.empty_like(mp)
+        op = torch.empty((B, Hq, num_splits, D), device=q.device, dtype=torch.float32)
+    common = (q.stride(0), q.stride(1), k.stride(0), k.stride(1), v.stride(0), v.stride(1))
+    _decode_split_kernel[(num_splits, Hkv, B)](
+        q, k, v, k_cache, v_cache, block_tables, cu_seqlens_q, cached_lens, sinks, out, mp, lp, op,
+        *common,
+        k_cache.stride(0), k_cache.stride(1), k_cache.stride(2),
+        v_cache.stride(0), v_cache.stride(1), v_cache.stride(2),
+        block_tables.stride(0), out.stride(0), out.stride(1),
+        scale * LOG2E, window, num_splits,
+        GROUP=group, G_P2=max(16, triton.next_power_of_2(group)), BS=k_cache.shape[1], HEAD_D=D,
+        BLOCK_N=bn, HAS_WINDOW=window > 0, SINGLE=single, **cfg)
+    if not single:
+        _combine_kernel[(Hq, B)](
+            q, k, v, cu_seqlens_q, sinks, out, mp, lp, op, *common, out.stride(0), out.stride(1),
+            scale * LOG2E, num_splits, GROUP=group, HEAD_D=D,
+            S_P2=max(2, triton.next_power_of_2(num_splits)), num_warps=1)
+    return out

@@ -1,0 +1,147 @@
+"""Triton attention/store_kv vs the torch reference op (kernels/torch_attention.py) on the GPU.
+
+Every case draws fresh random inputs, poisons the output with NaN (so an unwritten element fails),
+poisons every cache slot the kernel must not read (see triton_attention_cases), shuffles the page
+table, and checks the bf16 relative error per sequence against the fp32 torch reference.
+"""
+
+from __future__ import annotations
+
+import random
+
+import pytest
+import torch
+
+from dayzero.kernels import torch_attention as ref_ops
+from dayzero.kernels.triton_attention_cases import make_case, seq_errors
+
+pytestmark = [pytest.mark.gpu,
+              pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")]
+TOL = 1e-2
+
+
+def _check(case, **kw) -> list[float]:
+    from dayzero.kernels.triton_attention import attention
+
+    ref = ref_ops.attention(*case.args())
+    out = torch.full_like(case.q, float("nan"))
+    res = attention(*case.args(), out=out, **kw)
+    torch.cuda.synchronize()
+    assert res is out
+    assert not out.isnan().any(), "some output elements were never written (or NaN leaked in)"
+    errs = seq_errors(out, ref, case.cu_seqlens_q)
+    assert max(errs) < TOL, errs
+    return errs
+
+
+@pytest.mark.parametrize("window", [0, 128])
+@pytest.mark.parametrize("sinks", ["normal", "neg", "large", "mixed"])
+def test_prefill_ragged(window, sinks):
+    q_lens = [1, 17, 128, 300, 64, 129]
+    _check(make_case(q_lens, [0] * len(q_lens), window=window, sinks=sinks, seed=window + len(sinks)))
+
+
+@pytest.mark.parametrize("window", [0, 128])
+def test_chunked_prefill_paged_prefix(window):
+    # cached prefixes around block, tile and window edges; new chunks of every size class
+    cached = [5, 100, 127, 128, 129, 257, 1000]
+    q_lens = [30, 1, 200, 64, 65, 3, 300]
+    _check(make_case(q_lens, cached, window=window, sinks="mixed", seed=7 + window))
+
+
+@pytest.mark.parametrize("window", [0, 128])
+@pytest.mark.parametrize("num_splits", [None, 1, 3, 16])
+def test_decode_split_kv(window, num_splits):
+    cached = [0, 1, 15, 16, 17, 127, 128, 129, 1000, 5000]
+    q_lens = [1] * len(cached)
+    q_lens[3] = 0  # a sequence with no new token this step
+    _check(make_case(q_lens, cached, window=window, sinks="mixed", seed=11 + window),
+           max_seqlen_q=1, num_splits=num_splits)
+
+
+@pytest.mark.parametrize("sinks", ["neg", "large"])
+def test_decode_sink_counted_once(sinks):
+    # extreme sinks make a doubled or missing sink term obvious at any split count
+    case = make_case([1] * 4, [3000, 64, 1, 700], sinks=sinks, seed=3)
+    for ns in (1, 2, 7, 40):
+        _check(case, max_seqlen_q=1, num_splits=ns)
+
+
+@pytest.mark.parametrize("hq,hkv,d,bs", [(8, 2, 16, 16), (4, 1, 32, 16), (16, 2, 64, 64), (64, 8, 64, 32)])
+def test_other_shapes(hq, hkv, d, bs):
+    for window in (0, 16):
+        _check(make_case([40, 1, 77], [9, 33, 200], hq=hq, hkv=hkv, d=d, bs=bs, window=window, seed=hq))
+        _check(make_case([1, 1, 1], [9, 33, 200], hq=hq, hkv=hkv, d=d, bs=bs, window=window, seed=d))
+
+
+def test_random_batches():
+    rng = random.Random(1234)
+    for i in range(6):
+        B = rng.randint(1, 6)
+        q_lens = [rng.choice([1, 2, 63, 64, 65, 200, 513]) for _ in range(B)]
+        cached = [rng.choice([0, 1, 127, 128, 255, 700, 2049]) for _ in range(B)]
+        _check(make_case(q_lens, cached, window=rng.choice([0, 128]), sinks="mixed", seed=100 + i))
+
+
+def test_long_sequences_real_shapes():
+    _check(make_case([2048], [0], sinks="normal", seed=5))
+    _check(make_case([2048], [0], window=128, sinks="normal", seed=6))
+    _check(make_case([1024], [3000], sinks="normal", seed=8))
+    _check(make_case([1, 1], [32768, 9000], sinks="normal", seed=9), max_seqlen_q=1)
+
+
+def test_decode_cuda_graph_replay():
+    """Fixed shapes + explicit plan: capture once, then change lengths and data in place and replay."""
+    from dayzero.kernels.triton_attention import attention
+
+    case = make_case([1] * 5, [2000, 10, 500, 1, 1500], sinks="mixed", seed=21, extra_cols=8, poison=False)
+    out = torch.empty_like(case.q)
+    kw = dict(max_seqlen_q=1, num_splits=8, out=out)
+    attention(*case.args(), **kw)  # compile outside capture
+    torch.cuda.synchronize()
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        attention(*case.args(), **kw)
+    for step in range(3):
+        case.cached_lens.add_(7 * step)
+        case.q.copy_(torch.randn_like(case.q))
+        out.fill_(float("nan"))
+        graph.replay()
+        torch.cuda.synchronize()
+        ref = ref_ops.attention(*case.args())
+        assert not out.isnan().any()
+        assert max(seq_errors(out, ref, case.cu_seqlens_q)) < TOL
+
+
+def test_store_kv_matches_reference():
+    from dayzero.kernels.triton_attention import store_kv
+
+    for hkv, d, bs in ((8, 64, 16), (2, 16, 64)):
+        T, NB = 300, 40
+        k = torch.randn(T, hkv, d, device="cuda").bfloat16()
+        v = torch.randn(T, hkv, d, device="cuda").bfloat16()
+        slots = torch.randperm(NB * bs, device="cuda")[:T]
+        slots[::7] = -1
+        caches = [torch.randn(NB, bs, hkv, d, device="cuda").bfloat16() for _ in range(2)]
+        mine = [c.clone() for c in caches]
+        ref_ops.store_kv(k, v, caches[0], caches[1], slots)
+        store_kv(k, v, mine[0], mine[1], slots)
+        assert torch.equal(mine[0], caches[0]) and torch.equal(mine[1], caches[1])
+
+
+def test_bad_input_is_refused():
+    from dayzero.kernels.triton_attention import attention
+
+    case = make_case([4], [0], seed=1)
+    with pytest.raises(ValueError, match="int32"):
+        attention(*case.args()[:6], case.cu_seqlens_q.long(), *case.args()[7:])
+    with pytest.raises(ValueError, match="sinks"):
+        attention(*case.args()[:8], case.sinks[:3], case.scale)
+
+
+def test_registered_in_registry():
+    from dayzero.kernels import triton_attention
+    from dayzero.kernels.registry import REGISTRY
+
+    assert REGISTRY.impls["triton"]["attention"] is triton_attention.attention
+    assert REGISTRY.impls["triton"]["store_kv"] is triton_attention.store_kv
