@@ -146,13 +146,14 @@ def test_frontend_stream_disconnect_frees_blocks(stack):
     with httpx.Client(base_url=stack.frontend_url, timeout=60) as client:
         with client.stream("POST", "/v1/completions", json=body) as resp:
             assert resp.status_code == 200
-            events = 0
+            events = []
             for line in resp.iter_lines():
                 if line.startswith("data: "):
-                    events += 1
-                if events == 3:
+                    events.append(line)
+                if len(events) == 3:
                     break
-        assert _load(stack, "decode-0").kv_blocks_used > 0 or _load(stack, "decode-0").running_requests > 0
+            # still streaming: the blocks are held
+            assert _load(stack, "decode-0").kv_blocks_used > 0, events
     _free(stack, ["decode-0", "prefill-0"])
 
 
@@ -214,6 +215,42 @@ def test_redis_restart_workers_reregister_and_requests_succeed(stack, router):
     for n, route in ((10, "local"), (LONG // 4, "disaggregated")):
         msgs = list(router.Generate(_request(f"after-redis-{n}", n, 3), timeout=60))
         assert msgs[0].route == route and sum(len(m.token_ids) for m in msgs) == 3
+
+
+def test_backpressure_when_every_decode_worker_is_full(stack, router):
+    """Leases taken straight from the decode worker fill its KV cache; the router then answers
+    RESOURCE_EXHAUSTED on both routes (the frontend: 503), and serves again once they are released."""
+    from dayzero.rpc.v1 import decode_pb2, decode_pb2_grpc
+
+    httpx = pytest.importorskip("httpx")
+    with grpc.insecure_channel(f"127.0.0.1:{stack.workers['decode-0'].grpc_port}") as ch:
+        decode = decode_pb2_grpc.DecodeStub(ch)
+        leases = []
+        size = 4000
+        while size >= 1:  # allocate until not even one token fits (512 blocks of 16 tokens)
+            try:
+                a = decode.Allocate(decode_pb2.AllocateRequest(request_id=f"filler-{len(leases)}", prompt_tokens=size),
+                                    timeout=10)
+                leases.append(a.allocation)
+            except grpc.RpcError as e:
+                assert e.code() == grpc.StatusCode.RESOURCE_EXHAUSTED, e
+                size //= 2
+            assert len(leases) < 40
+        try:
+            for n in (10, LONG):
+                with pytest.raises(grpc.RpcError) as e:
+                    list(router.Generate(_request(f"full-{n}", n, 3), timeout=30))
+                assert e.value.code() == grpc.StatusCode.RESOURCE_EXHAUSTED, e.value.details()
+                assert "full" in e.value.details()
+            r = httpx.post(stack.frontend_url + "/v1/completions",
+                           json={"model": "tiny", "prompt": _prompt(LONG, 3), "max_tokens": 3}, timeout=30)
+            assert r.status_code == 503, r.text
+        finally:
+            for a in leases:
+                decode.Release(decode_pb2.ReleaseRequest(request_id=a.request_id, lease_id=a.lease_id), timeout=10)
+    _free(stack, ["decode-0", "prefill-0"])
+    msgs = list(router.Generate(_request("after-full", LONG, 3), timeout=60))
+    assert msgs[0].route == "disaggregated" and sum(len(m.token_ids) for m in msgs) == 3
 
 
 def test_decode_with_a_different_block_size_is_refused_naming_the_mismatch(stack, router):
