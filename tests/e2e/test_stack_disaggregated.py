@@ -110,9 +110,18 @@ def test_greedy_matches_single_process_engine_on_both_routes(stack, router, ckpt
         assert r == ("local" if n < THRESHOLD else "disaggregated"), n
         assert g == w, f"prompt of {n} tokens via {r}: {g} != engine {w}"
     assert routes.count("disaggregated") >= 8 and routes.count("local") >= 8
+    # exactly the prompt's blocks travelled: every full-attention block, and for sliding layers only
+    # the ring blocks of the last window (the prefill worker sends them in several writes)
+    spec = engine.kv.spec
+    expected = 0
+    for n in LENGTHS:
+        if n >= THRESHOLD:
+            nblk = -(-n // spec.block_size)
+            first_ring = max(0, n - spec.window) // spec.block_size
+            blocks = len(spec.full_layers) * nblk + len(spec.sliding_layers) * (nblk - first_ring)
+            expected += 2 * blocks * spec.block_nbytes
     metrics = _metrics(stack, "prefill-0")
-    assert 'dayzero_kv_transfer_bytes_total{transport="nixl"}' in metrics
-    assert _metric_value(metrics, 'dayzero_kv_transfer_bytes_total{transport="nixl"}') > 0
+    assert _metric_value(metrics, 'dayzero_kv_transfer_bytes_total{transport="nixl"}') == expected
 
 
 def _metrics(stack, name: str) -> str:

@@ -148,6 +148,7 @@ class KVSender(abc.ABC):
     """
 
     name: str = "base"
+    overlaps: bool = False   # True: post() returns before the bytes move (compute can go on meanwhile)
 
     def __init__(self, memory: KVMemory):
         self.memory = memory
@@ -155,6 +156,14 @@ class KVSender(abc.ABC):
     @abc.abstractmethod
     def send(self, receiver: transfer_pb2.KVReceiverInfo, plan: TransferPlan, timeout: float = 30.0) -> TransferResult:
         ...
+
+    def post(self, receiver: transfer_pb2.KVReceiverInfo, plan: TransferPlan, notify: bool = True):
+        """Start writing ``plan``; ``wait(posted)`` finishes it. Only senders with ``overlaps``
+        implement this (the prefill worker then writes finished blocks while later chunks compute)."""
+        raise NotImplementedError(f"the {self.name} transport writes synchronously; use send()")
+
+    def wait(self, posted, timeout: float = 30.0) -> TransferResult:
+        raise NotImplementedError(f"the {self.name} transport writes synchronously; use send()")
 
     def close(self) -> None:
         pass

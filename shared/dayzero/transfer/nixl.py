@@ -15,6 +15,7 @@ import socket
 import threading
 import time
 import uuid
+from dataclasses import dataclass
 
 import numpy as np
 
@@ -89,10 +90,20 @@ class NixlReceiver(KVReceiver):
                 pass
 
 
+@dataclass
+class PostedWrite:
+    remote: str
+    handle: object | None       # nixl_xfer_handle; None once released or when nothing was written
+    state: str                  # "PROC" | "DONE" | "ERR" when posted
+    nbytes: int
+    t0: float
+
+
 class NixlSender(KVSender):
     """WRITEs planned blocks into a remote NIXL receiver, then notifies it."""
 
     name = "nixl"
+    overlaps = True
 
     def __init__(self, memory: KVMemory, role: str = "prefill"):
         super().__init__(memory)
@@ -119,47 +130,63 @@ class NixlSender(KVSender):
                 remote.append((region.base_address + dst * region.block_bytes, region.block_bytes, region.device_id))
         return np.array(local, dtype=np.uint64).reshape(-1, 3), np.array(remote, dtype=np.uint64).reshape(-1, 3)
 
-    def send(self, receiver: transfer_pb2.KVReceiverInfo, plan: TransferPlan, timeout: float = 30.0) -> TransferResult:
+    def post(self, receiver: transfer_pb2.KVReceiverInfo, plan: TransferPlan, notify: bool = True) -> "PostedWrite":
+        """Start WRITEs of ``plan`` without waiting (the caller keeps computing); ``wait`` ends them.
+        With ``notify`` the receiver is told the request's KV is complete once this write lands."""
         if receiver.transport != "nixl":
             raise TransferError(f"this worker sends KV over nixl but the receiver expects {receiver.transport!r}; "
                                 "start both with the same --transport")
         check_compatible(self.memory.compat, receiver.compat, "decode worker")
         t0 = time.perf_counter()
         local, remote = self._descriptors(receiver, plan)
-        tag = landed_tag(plan.request_id, plan.lease_id)
+        tag = landed_tag(plan.request_id, plan.lease_id) if notify else b""
+        nbytes = int(local[:, 1].sum()) if len(local) else 0
         with self._lock:
             if receiver.agent_name not in self._remotes:
                 self._agent.add_remote_agent(receiver.agent_metadata)
                 self._remotes.add(receiver.agent_name)
+            if len(local) == 0:
+                if notify:
+                    self._agent.send_notif(receiver.agent_name, tag)
+                return PostedWrite(receiver.agent_name, None, "DONE", nbytes, t0)
             try:
-                self._write(receiver, local, remote, tag, t0 + timeout)
-            except TransferError:
+                ldesc = self._agent.get_xfer_descs(local, self.memory.memory_type)
+                rdesc = self._agent.get_xfer_descs(remote, receiver.memory_type or "DRAM")
+                handle = self._agent.initialize_xfer("WRITE", ldesc, rdesc, receiver.agent_name, tag)
+                state = self._agent.transfer(handle)
+            except Exception as e:  # noqa: BLE001 - NIXL raises its own types; ours names the peer
                 self._forget(receiver.agent_name)
-                raise
-        nbytes = int(local[:, 1].sum()) if len(local) else 0
-        return TransferResult(bytes=nbytes, seconds=time.perf_counter() - t0, transport="nixl")
+                raise TransferError(f"NIXL write to {receiver.agent_name} could not start: {e}") from None
+        return PostedWrite(receiver.agent_name, handle, state, nbytes, t0)
 
-    def _write(self, receiver, local: np.ndarray, remote: np.ndarray, tag: bytes, deadline: float) -> None:
-        if len(local) == 0:
-            self._agent.send_notif(receiver.agent_name, tag)
-            return
-        ldesc = self._agent.get_xfer_descs(local, self.memory.memory_type)
-        rdesc = self._agent.get_xfer_descs(remote, receiver.memory_type or "DRAM")
-        handle = self._agent.initialize_xfer("WRITE", ldesc, rdesc, receiver.agent_name, tag)
+    def wait(self, posted: "PostedWrite", timeout: float = 30.0) -> TransferResult:
+        deadline = time.perf_counter() + timeout
         try:
-            state = self._agent.transfer(handle)
+            state = posted.state
             while state == "PROC":
                 if time.perf_counter() > deadline:
-                    raise TransferError(f"NIXL write to {receiver.agent_name} timed out")
+                    raise TransferError(f"NIXL write to {posted.remote} timed out after {timeout:.0f}s")
                 time.sleep(0.0002)
-                state = self._agent.check_xfer_state(handle)
+                with self._lock:
+                    state = self._agent.check_xfer_state(posted.handle)
             if state != "DONE":
-                raise TransferError(f"NIXL write to {receiver.agent_name} failed (state {state})")
+                raise TransferError(f"NIXL write to {posted.remote} failed (state {state})")
+        except TransferError:
+            with self._lock:
+                self._forget(posted.remote)
+            raise
         finally:
-            try:
-                handle.release()
-            except Exception as e:  # noqa: BLE001 - releasing an unfinished transfer aborts it
-                log.warning("releasing NIXL transfer handle: %s", e)
+            if posted.handle is not None:
+                with self._lock:
+                    try:
+                        posted.handle.release()  # releasing an unfinished transfer aborts it
+                    except Exception as e:  # noqa: BLE001
+                        log.warning("releasing NIXL transfer handle: %s", e)
+                posted.handle = None
+        return TransferResult(bytes=posted.nbytes, seconds=time.perf_counter() - posted.t0, transport="nixl")
+
+    def send(self, receiver: transfer_pb2.KVReceiverInfo, plan: TransferPlan, timeout: float = 30.0) -> TransferResult:
+        return self.wait(self.post(receiver, plan, notify=True), timeout)
 
     def _forget(self, remote: str) -> None:
         self._remotes.discard(remote)
