@@ -217,6 +217,26 @@ def test_redis_restart_workers_reregister_and_requests_succeed(stack, router):
         assert msgs[0].route == route and sum(len(m.token_ids) for m in msgs) == 3
 
 
+def test_lease_expires_when_the_kv_never_arrives(stack):
+    from dayzero.rpc.v1 import decode_pb2, decode_pb2_grpc
+
+    with grpc.insecure_channel(f"127.0.0.1:{stack.workers['decode-0'].grpc_port}") as ch:
+        decode = decode_pb2_grpc.DecodeStub(ch)
+        a = decode.Allocate(decode_pb2.AllocateRequest(request_id="orphan", prompt_tokens=300, lease_seconds=0.5),
+                            timeout=10).allocation
+        assert len(a.layers) == 2 and a.lease_id
+        assert _load(stack, "decode-0").open_leases == 1
+        _free(stack, ["decode-0"], timeout=10)  # nobody wrote the KV: the lease ends by itself
+        with pytest.raises(grpc.RpcError) as e:  # a late Generate on it gets a clear answer
+            list(decode.Generate(decode_pb2.DecodeRequest(
+                request_id="orphan", prompt_token_ids=_prompt(300, 1), lease_id=a.lease_id, first_token_id=1,
+                sampling=common_pb2.SamplingParams(max_tokens=2)), timeout=10))
+        assert e.value.code() == grpc.StatusCode.NOT_FOUND and "expired" in e.value.details()
+    url = f"http://127.0.0.1:{stack.workers['decode-0'].http_port}/metrics"
+    with urllib.request.urlopen(url, timeout=5) as r:
+        assert "dayzero_decode_leases_expired_total 1.0" in r.read().decode()
+
+
 def test_backpressure_when_every_decode_worker_is_full(stack, router):
     """Leases taken straight from the decode worker fill its KV cache; the router then answers
     RESOURCE_EXHAUSTED on both routes (the frontend: 503), and serves again once they are released."""
