@@ -80,8 +80,27 @@ def _load(backend: str) -> None:
         importlib.import_module(mod)
 
 
-def get_ops(backend: str = "torch") -> Ops:
-    """Resolve every op for ``backend`` (torch fills any gap, recorded in ``fallbacks``)."""
+# backends that run only on a CUDA device
+_NEEDS_CUDA = frozenset({"triton"})
+
+
+class BackendUnavailable(ValueError):
+    """The requested kernel backend cannot run here (e.g. triton without a CUDA GPU)."""
+
+
+def get_ops(backend: str = "torch", device: str | None = None) -> Ops:
+    """Resolve every op for ``backend`` (torch fills any gap, recorded in ``fallbacks``).
+
+    ``device`` (e.g. "cpu", "cuda:0") is checked against the backend: a GPU backend on a CPU
+    device, or on a machine without CUDA, is refused with a clear message.
+    """
+    if backend in _NEEDS_CUDA:
+        import torch
+
+        if not torch.cuda.is_available() or (device is not None and not str(device).startswith("cuda")):
+            where = "this machine has no CUDA GPU" if not torch.cuda.is_available() else f"device is {device!r}"
+            raise BackendUnavailable(f"kernel backend {backend!r} needs a CUDA device ({where}); "
+                                     f"use --backend torch or --device cuda")
     _load("torch")
     if backend != "torch":
         _load(backend)

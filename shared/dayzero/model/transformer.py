@@ -70,7 +70,7 @@ class GptOssForEngine(nn.Module):
         self.precision = Precision(dtype)
         self.parallel = par = parallel or ParallelConfig()
         self.device = torch.device(device)
-        self.ops: Ops = get_ops(backend)
+        self.ops: Ops = get_ops(backend, str(self.device))
         self.model = _Body(cfg, self.precision, par, self.device)
         self.lm_head = Linear("lm_head", cfg.hidden_size, cfg.vocab_size, False, self.precision.act,
                               self.precision.fp8, self.device)
