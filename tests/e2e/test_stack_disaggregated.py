@@ -102,6 +102,7 @@ def test_greedy_matches_single_process_engine_on_both_routes(stack, router, ckpt
         got.append(tokens)
         routes.append(msgs[0].route)
         assert msgs[0].prompt_tokens == len(p)
+        assert all(m.request_id == f"eq-{i}" for m in msgs)
         assert msgs[-1].finish_reason == common_pb2.FINISH_REASON_LENGTH
     engine = Engine.from_dir(ckpt, config=EngineConfig(block_size=16, max_num_seqs=1, max_model_len=MAX_MODEL_LEN),
                              max_positions=MAX_MODEL_LEN)

@@ -55,6 +55,7 @@ class RouterServicer(router_pb2_grpc.RouterServicer):
     # ---- entry point -----------------------------------------------------------------------------
     async def Generate(self, request, context):
         rid = request.request_id or uuid.uuid4().hex
+        wid = f"{rid}.{uuid.uuid4().hex[:8]}"  # the id on the workers: unique even if clients reuse ids
         s = request.sampling
         if not request.prompt_token_ids:
             await context.abort(grpc.StatusCode.INVALID_ARGUMENT, "prompt_token_ids is empty")
@@ -63,7 +64,8 @@ class RouterServicer(router_pb2_grpc.RouterServicer):
         state = {"route": "none", "t0": time.perf_counter(), "last": None, "outcome": "error"}
         self.metrics.inflight.inc()
         try:
-            async for msg in self._generate(rid, request, state):
+            async for msg in self._generate(wid, request, state):
+                msg.request_id = rid
                 now = time.perf_counter()
                 if msg.token_ids:
                     if state["last"] is None:
@@ -76,7 +78,7 @@ class RouterServicer(router_pb2_grpc.RouterServicer):
                 yield msg
         except RouteError as e:
             state["outcome"] = e.code.name.lower()
-            log.info("request %s failed: %s: %s", rid, e.code.name, e.message)
+            log.info("request %s failed: %s: %s", wid, e.code.name, e.message)
             await context.abort(e.code, e.message)
         except asyncio.CancelledError:
             state["outcome"] = "cancelled"
