@@ -12,6 +12,7 @@ MoE small-T sweep (both paths; bandwidth on the expert bytes actually touched).
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import os
 import sys
 
@@ -21,7 +22,7 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from common import COPY_TBS, Results, median_ms, random_experts, random_linear, routing  # noqa: E402
 
 from dayzero.kernels import triton_linear as TL  # noqa: E402
-from dayzero.kernels.triton_moe import LARGE, SMALL, MoeRun, MoeTiles  # noqa: E402
+from dayzero.kernels.triton_moe import LARGE, SMALL, TINY, MoeRun, default_tiles  # noqa: E402
 
 H = I = 2880
 K_TOP = 4
@@ -55,7 +56,6 @@ def dense_linear(res: Results, quick: bool) -> None:
                 "quant_1x128": lambda: TL.quantize_rows(x),
                 "cublas_block": lambda: TL.gemm_fp8_cublas(q, s_t, lw),
                 "triton_tma_128x128_s3": lambda: TL.gemm_fp8_triton(q, s_t, lw, tma=True),
-                "triton_tma_128x128_s4": lambda: TL.gemm_fp8_triton(q, s_t, lw, tma=True, stages=4),
                 "triton_ptr_128x128_s3": lambda: TL.gemm_fp8_triton(q, s_t, lw, tma=False),
                 "linear_op_total": lambda: TL.linear(x, lw),
             }
@@ -64,14 +64,18 @@ def dense_linear(res: Results, quick: bool) -> None:
                 row = dict(section="linear_prefill", shape=name, M=m, N=n, K=k, variant=var, ms=ms)
                 if var != "quant_1x128":
                     row["tflops"] = flop / ms / 1e9
+                if var == "cublas_block":
+                    row["bias_in_gemm"] = lw.derived["triton_fp8"].bias_in_gemm
                 res.add(**row)
         wbytes = n * k + lw.scale.numel() * 4
         for m in (1, 8, 64):
             x = torch.randn(m, k, device="cuda").bfloat16()
             q, s_t = TL.quantize_rows(x)
-            for var, fn in {"w8a16_triton": lambda: TL.gemm_w8a16_triton(x, lw),
-                            "w8a16_triton_bn128": lambda: TL.gemm_w8a16_triton(x, lw, bn=128),
+            for var, fn in {"w8a16_triton_auto_split": lambda: TL.gemm_w8a16_triton(x, lw),
+                            "w8a16_triton_no_split": lambda: TL.gemm_w8a16_triton(x, lw, split_k=1),
+                            "w8a16_triton_bn32": lambda: TL.gemm_w8a16_triton(x, lw, bn=32),
                             "cublas_block_prequant": lambda: TL.gemm_fp8_cublas(q, s_t, lw),
+                            "triton_fp8_prequant_64x64": lambda: TL.gemm_fp8_triton(q, s_t, lw, bm=64, bn=64, warps=4),
                             "linear_op_total": lambda: TL.linear(x, lw)}.items():
                 ms = median_ms(fn)
                 res.add(section="linear_decode", shape=name, M=m, N=n, K=k, variant=var, ms=ms,
@@ -84,12 +88,11 @@ def _flop(T: int) -> float:
 
 
 PREFILL_VARIANTS = {
-    "default": LARGE,
-    "ptr_loads": MoeTiles(64, 256, 128, 8, 4, 3, 16, tma=False),
-    "stages4": MoeTiles(64, 256, 128, 8, 4, 4, 16, tma=True),
-    "group8": MoeTiles(64, 256, 128, 8, 4, 3, 8, tma=True),
-    "down_w8": MoeTiles(64, 256, 128, 8, 8, 3, 16, tma=True),
-    "bm128": MoeTiles(128, 256, 128, 8, 8, 3, 16, tma=True),
+    "default": LARGE,                                               # x quantized into sorted order, A via TMA
+    "gather_a_ptr": dataclasses.replace(LARGE, gather_quant=False),  # previous default: pointer gather of x
+    "stages4": dataclasses.replace(LARGE, stages=4),
+    "group8": dataclasses.replace(LARGE, group_m=8),
+    "down_w8": dataclasses.replace(LARGE, warps_down=8),
 }
 
 
@@ -182,21 +185,23 @@ def moe_sweep(res: Results, E: int, quick: bool) -> None:
         x = torch.randn(T, H, device="cuda").bfloat16()
         w, ids = routing(T, E, K_TOP, False, seed=T + 7)
         touched = int(torch.unique(ids).numel())
-        paths = {"small": (True, SMALL), "large": (False, LARGE)}
-        if T in (1, 64):
-            paths["small_bn128"] = (True, MoeTiles(16, 128, 128, 4, 4, 4, 1))
-            paths["small_bn32"] = (True, MoeTiles(16, 32, 32, 4, 4, 4, 1))
+        paths = {"small": (True, default_tiles(T * K_TOP, True)), "large": (False, LARGE)}
+        if T in (1, 4, 16, 64):
+            paths["small_bn64"] = (True, SMALL)
+            paths["small_bn32"] = (True, TINY)
+            paths["small_bn16"] = (True, dataclasses.replace(TINY, bn_gate_up=16, bn_down=16))
         for name, (small, tiles) in paths.items():
             run = MoeRun(x, w, ids, ex, LIMIT, tiles=tiles, small=small)
             ms = median_ms(run)
             gbs = touched * per_expert / ms / 1e6
             res.add(section="moe_sweep", E=E, T=T, path=name, ms=ms, experts_touched=touched,
                     tbs_touched=gbs / 1e3, frac_copy=gbs / 1e3 / COPY_TBS, tflops_useful=_flop(T) / ms / 1e9)
-        if T in (1, 64):
-            run = MoeRun(x, w, ids, ex, LIMIT, small=True)
+        if T in (1, 64, 8192 // K_TOP):
+            run = MoeRun(x, w, ids, ex, LIMIT, small=T < 1024)
             run()
             for stage in MoeRun.STAGES:
-                res.add(section="moe_sweep_stage", E=E, T=T, path="small", stage=stage, ms=median_ms(getattr(run, stage)))
+                res.add(section="moe_sweep_stage", E=E, T=T, path="small" if run.small else "large", stage=stage,
+                        ms=median_ms(getattr(run, stage)))
 
 
 def main() -> int:

@@ -95,7 +95,6 @@ def run_e2e(res: Results, args) -> None:
     model.ops = triton_ops
     res.add(name="engine_prefill_all_logits", tokens=args.tokens, triton_s=tri_s, torch_fp8_emulation_s=emu_s)
     res.add(name="triton_fp8_vs_torch_fp8_emulation", **compare(tri, emu))
-    del emu
     hf_cfg = GptOssConfig(**cfg.to_hf_dict())
     hf_cfg._attn_implementation = "eager"
     state = hf_state(model)
@@ -116,6 +115,7 @@ def run_e2e(res: Results, args) -> None:
     res.add(name="hf_bf16_prefill_all_logits", tokens=args.tokens, seconds=hf_s,
             attn=hf_cfg._attn_implementation, experts=getattr(hf_cfg, "_experts_implementation", None))
     res.add(name="triton_fp8_vs_hf_bf16", tokens=args.tokens, **compare(tri, ref))
+    res.add(name="torch_fp8_emulation_vs_hf_bf16", tokens=args.tokens, **compare(emu, ref))
     del hf
 
 

@@ -9,7 +9,7 @@ export PYTHONPATH="shared${PYTHONPATH:+:$PYTHONPATH}" PYTHONUNBUFFERED=1 NCCL_NV
 OUT="${OUT:-out}"
 mkdir -p "$OUT"
 log="$OUT/moe.log"
-steps=",${MOE_STEPS:-tests,kernels,e2e,prefill20,decode20,prefill120},"
+steps=",${MOE_STEPS:-tests,kernels,prefill20,decode20,e2e,prefill120},"
 rc=0
 step() {  # step NAME TIMEOUT_S CMD...
   local name=$1 t=$2; shift 2
@@ -20,14 +20,14 @@ step() {  # step NAME TIMEOUT_S CMD...
   echo "=== $name rc=$r" | tee -a "$log"
   [ "$r" = 0 ] || rc=1
 }
-step tests 240 python3 -m pytest -q -p no:cacheprovider --noconftest -o addopts="" -x \
+step tests 240 python3 -m pytest -q -p no:cacheprovider --noconftest -o addopts="" \
   tests/kernels/test_linear_gpu.py tests/kernels/test_moe_gpu.py
 step kernels 300 python3 bench/moe/bench_kernels.py --out "$OUT" ${MOE_KERNEL_ARGS:-}
-step e2e 200 python3 bench/moe/e2e_hf.py --out "$OUT" --model 20b --tokens 2048
 step prefill20 150 python3 -m dayzero bench prefill --model 20b --tokens 8192 --repeat 5 --breakdown \
   --json "$OUT/bench-prefill-20b.json"
 step decode20 150 python3 -m dayzero bench decode --model 20b --batch 1,64 --context 1024 --steps 32 \
   --json "$OUT/bench-decode-20b.json"
+step e2e 200 python3 bench/moe/e2e_hf.py --out "$OUT" --model 20b --tokens 2048
 step prefill120 200 python3 -m dayzero bench prefill --model 120b --tokens 8192 --repeat 3 --breakdown \
   --json "$OUT/bench-prefill-120b.json"
 step decode120 200 python3 -m dayzero bench decode --model 120b --batch 1,64 --context 1024 --steps 16 \

@@ -123,6 +123,19 @@ def test_fp8_gemm_paths(path):
     check_fp8(out, ref.linear(rq, lw, rs), exact_linear(x, lw), same_quant=True)
 
 
+@pytest.mark.parametrize("m,n,k", [(1, 512, 2880), (7, 4096, 2880), (33, 2880, 4096), (2, 201088, 2880)])
+@pytest.mark.parametrize("split_k", [1, None, 5])
+def test_w8a16_split_k(m, n, k, split_k):
+    from dayzero.kernels.triton_linear import gemm_w8a16_triton
+
+    torch.manual_seed(m + n + (split_k or 0))
+    lw = make_weight(n, k)
+    x = torch.randn(m, k, device=DEV).bfloat16()
+    poison()
+    out = gemm_w8a16_triton(x, lw, split_k=split_k)
+    check_fp8(out, ref.linear(x, lw), exact_linear(x, lw), same_quant=False)
+
+
 def test_linear_dense_weight_matches_reference():
     from dayzero.kernels.triton_linear import linear
 

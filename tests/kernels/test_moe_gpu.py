@@ -9,6 +9,7 @@ so ``e_ref = |ref - exact| / |exact|`` is the reference's own FP8 emulation erro
 
 from __future__ import annotations
 
+import dataclasses
 import os
 
 import pytest
@@ -63,7 +64,7 @@ def route(T: int, E_global: int, k: int, H: int, seed: int):
     return x, w, ids
 
 
-def run_case(T, E, H, I, k, small, seed, offset=0, E_global=None):
+def run_case(T, E, H, I, k, small, seed, offset=0, E_global=None, tiles=None):
     from dayzero.kernels.triton_moe import fused_moe
 
     q, d = make_experts(E, H, I, seed, offset)
@@ -71,7 +72,7 @@ def run_case(T, E, H, I, k, small, seed, offset=0, E_global=None):
     ref_out = ref.moe_experts(x, w, ids, q, LIMIT)
     exact = ref.moe_experts(x, w, ids, d, LIMIT)
     poison()
-    out = fused_moe(x, w, ids, q, LIMIT, small=small)
+    out = fused_moe(x, w, ids, q, LIMIT, small=small, tiles=tiles)
     assert out.shape == (T, H) and out.dtype == torch.bfloat16
     assert torch.isfinite(out).all(), "unwritten (NaN) or non-finite output elements"
     e_ref = rel(ref_out, exact)
@@ -86,6 +87,39 @@ def run_case(T, E, H, I, k, small, seed, offset=0, E_global=None):
 @pytest.mark.parametrize("small", [True, False])
 def test_moe_20b_shapes(T, small):
     run_case(T, 32, 2880, 2880, 4, small, seed=T + small)
+
+
+@pytest.mark.parametrize("variant", ["gather_a_pointers", "tiny_tiles_small_path"])
+def test_moe_tile_variants(variant):
+    from dayzero.kernels.triton_moe import LARGE, TINY
+
+    if variant == "gather_a_pointers":  # FP8 path reading x through the pointer gather instead of TMA
+        run_case(300, 32, 2880, 2880, 4, False, seed=21, tiles=dataclasses.replace(LARGE, gather_quant=False))
+    else:
+        run_case(40, 32, 2880, 2880, 4, True, seed=22, tiles=TINY)
+
+
+@pytest.mark.parametrize("T,k,E,bm,offset,E_global", [(7, 2, 6, 16, 0, 6), (300, 4, 32, 64, 0, 32),
+                                                      (50, 4, 8, 16, 8, 32), (1, 4, 128, 16, 0, 128),
+                                                      (5000, 4, 32, 64, 0, 32), (3000, 4, 128, 64, 64, 128)])
+def test_align_pairs(T, k, E, bm, offset, E_global):
+    from dayzero.kernels.triton_moe_align import align_pairs
+
+    torch.manual_seed(T)
+    ids = torch.stack([torch.randperm(E_global)[:k] for _ in range(T)]).to(DEV)
+    al = align_pairs(ids, E, bm, offset)
+    P = T * k
+    local = (ids.reshape(-1) - offset).cpu()
+    be, si = al.block_expert.cpu(), al.sorted_ids.cpu()
+    n_used = int((be >= 0).sum())
+    assert (be[:n_used] >= 0).all() and (be[n_used:] == -1).all() and (be[:n_used].diff() >= 0).all()
+    rows = si[: n_used * bm].view(n_used, bm)
+    real = rows < P
+    assert torch.equal(local[rows[real].long()], be[:n_used, None].expand_as(rows)[real])  # right expert
+    got = torch.sort(rows[real]).values
+    want = torch.nonzero((local >= 0) & (local < E)).flatten().to(got.dtype)
+    assert torch.equal(got, want)                                                      # each pair once
+    assert int((rows == P).sum()) == n_used * bm - got.numel()                          # padding sentinels
 
 
 @pytest.mark.parametrize("T,small", [(3, True), (64, True), (1024, False)])

@@ -40,14 +40,23 @@ SMALL_M = 64  # rows at or below which the weight-only kernel runs (see bench/NO
 
 @triton.jit
 def _quant_rows_kernel(
-    x_ptr, w_ptr, q_ptr, s_ptr,
-    T, K, stride_xm, stride_qm, stride_st, eps,
+    x_ptr, w_ptr, q_ptr, s_ptr, sorted_ids_ptr, block_expert_ptr,
+    T, K, stride_xm, stride_qm, stride_st, eps, num_pairs,
     NORM: tl.constexpr, NG: tl.constexpr, G: tl.constexpr,
+    GATHER: tl.constexpr = False, TOPK: tl.constexpr = 1, BM: tl.constexpr = 1,
 ):
     row = tl.program_id(0)
+    src = row
+    ok = True
+    if GATHER:  # output row = sorted MoE row; source = its token (padding rows are written as zeros)
+        if tl.load(block_expert_ptr + row // BM) < 0:
+            return
+        pair = tl.load(sorted_ids_ptr + row)
+        ok = pair < num_pairs
+        src = tl.where(ok, pair // TOPK, 0)
     cols = tl.arange(0, NG * G)
     k_ok = cols < K
-    x = tl.load(x_ptr + row.to(tl.int64) * stride_xm + cols, mask=k_ok, other=0.0).to(tl.float32)
+    x = tl.load(x_ptr + src.to(tl.int64) * stride_xm + cols, mask=k_ok & ok, other=0.0).to(tl.float32)
     if NORM:
         var = tl.sum(x * x, axis=0) / K
         w = tl.load(w_ptr + cols, mask=k_ok, other=0.0).to(tl.float32)
@@ -74,9 +83,27 @@ def _launch(x: torch.Tensor, w: torch.Tensor | None, eps: float) -> tuple[torch.
     if T > 0:
         ng_p2 = triton.next_power_of_2(ng)
         _quant_rows_kernel[(T,)](
-            x, w if w is not None else x, q, s_t, T, K, x.stride(0), q.stride(0), s_t.stride(0), eps,
+            x, w if w is not None else x, q, s_t, q, q, T, K, x.stride(0), q.stride(0), s_t.stride(0), eps, 0,
             NORM=w is not None, NG=ng_p2, G=GROUP, num_warps=4 if ng_p2 <= 16 else 8,
         )
+    return q, s_t
+
+
+def quantize_gathered_rows(x: torch.Tensor, sorted_ids: torch.Tensor, block_expert: torch.Tensor, num_pairs: int,
+                           topk: int, block_m: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """MoE: x [T, K] bf16 -> (q [Mpad, Kp] fp8, s_t [ceil(K/128), Mpad]) in expert-sorted row order
+    (row r holds token sorted_ids[r] // topk; padding rows are zeros; rows of empty blocks unwritten),
+    so the gate_up GEMM reads A with TMA instead of a pointer gather."""
+    T, K = x.shape
+    rows = sorted_ids.shape[0]
+    ng = triton.cdiv(K, GROUP)
+    q = torch.empty((rows, ng * GROUP), dtype=torch.float8_e4m3fn, device=x.device)
+    s_t = torch.empty((ng, rows), dtype=torch.float32, device=x.device)
+    ng_p2 = triton.next_power_of_2(ng)
+    _quant_rows_kernel[(rows,)](
+        x, x, q, s_t, sorted_ids, block_expert, T, K, x.stride(0), q.stride(0), s_t.stride(0), 0.0, num_pairs,
+        NORM=False, NG=ng_p2, G=GROUP, GATHER=True, TOPK=topk, BM=block_m, num_warps=4 if ng_p2 <= 16 else 8,
+    )
     return q, s_t
 
 
@@ -171,43 +198,78 @@ def gemm_fp8_triton(q: torch.Tensor, s_t: torch.Tensor, weight: LinearWeight, ou
     return out
 
 
+@triton.jit
+def _splitk_reduce_kernel(ws_ptr, bias_ptr, out_ptr, MN, N, SPLIT: tl.constexpr, HAS_BIAS: tl.constexpr,
+                          BLOCK: tl.constexpr):
+    i = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
+    ok = i < MN
+    acc = tl.zeros((BLOCK,), tl.float32)
+    for s in tl.static_range(SPLIT):
+        acc += tl.load(ws_ptr + s * MN + i, mask=ok, other=0.0)
+    if HAS_BIAS:
+        acc += tl.load(bias_ptr + i % N, mask=ok, other=0.0).to(tl.float32)
+    tl.store(out_ptr + i, acc.to(out_ptr.dtype.element_ty), mask=ok)
+
+
+def _split_for(M: int, N: int, K: int, bm: int, bn: int, target_programs: int = 264) -> int:
+    tiles = triton.cdiv(M, bm) * triton.cdiv(N, bn)
+    nkb = triton.cdiv(K, GROUP)
+    split = min(max(1, triton.cdiv(target_programs, tiles)), max(1, nkb // 4))  # >= 4 K blocks each
+    return triton.cdiv(nkb, triton.cdiv(nkb, split))  # no empty splits
+
+
 def gemm_w8a16_triton(x: torch.Tensor, weight: LinearWeight, bm: int = 16, bn: int = 64,
-                      warps: int = 4, stages: int = 4) -> torch.Tensor:
-    """x [M, K] bf16 x fp8 weight (widened in registers, block-scaled) -> [M, N] bf16."""
+                      warps: int = 4, stages: int = 4, split_k: int | None = None) -> torch.Tensor:
+    """x [M, K] bf16 x fp8 weight (widened in registers, block-scaled) -> [M, N] bf16; split-K
+    (fp32 partials + one reduce that adds the bias) when the N tiles alone cannot fill the GPU."""
     w, s = weight.weight, weight.scale
     N, K = w.shape
     M = x.shape[0]
     out = torch.empty((M, N), dtype=x.dtype, device=x.device)
     bias = weight.bias
-    grid = (triton.cdiv(M, bm) * triton.cdiv(N, bn),)
+    split = split_k or _split_for(M, N, K, bm, bn)
+    c = out if split == 1 else torch.empty((split, M, N), dtype=torch.float32, device=x.device)
+    grid = (triton.cdiv(M, bm) * triton.cdiv(N, bn), split)
     moe_gemm_kernel[grid](
-        x, s, w, s, bias if bias is not None else s, out, out,
-        out, out, out,
+        x, s, w, s, bias if bias is not None else s, c, c,
+        c, c, c,
         M, N, K, M,
         x.stride(0), 0,
         0, w.stride(0), 0, s.stride(0), 0,
-        out.stride(0), 0, 0.0, 0.0,
+        N, 0, 0.0, 0.0,
         TOPK=1, ROUTED=False, GATHER_A=False, SCATTER_C=False, A_FP8=False, EPI=0, QUANT_OUT=False,
-        HAS_BIAS=bias is not None, BM=bm, BN=bn, BK=GROUP, GROUP_M=1, num_warps=warps, num_stages=stages, DOT_F32=interpreting(),
+        HAS_BIAS=bias is not None and split == 1, BM=bm, BN=bn, BK=GROUP, GROUP_M=1, num_warps=warps,
+        num_stages=stages, DOT_F32=interpreting(), SPLIT_K=split,
     )
+    if split > 1:
+        blk = 1024
+        _splitk_reduce_kernel[(triton.cdiv(M * N, blk),)](c, bias if bias is not None else c, out, M * N, N,
+                                                         SPLIT=split, HAS_BIAS=bias is not None, BLOCK=blk)
     return out
 
 
 def gemm_fp8_cublas(q: torch.Tensor, s_t: torch.Tensor, weight: LinearWeight) -> torch.Tensor:
     """q [M, Kp] fp8 (zero-padded), s_t [Kp/128, M] -> [M, N] bf16 via cuBLAS 1x128 x 128x128 blocks."""
     d = _derived(weight)
+    M = q.shape[0]
+    pad = -M % 16  # cuBLAS refuses (NOT_SUPPORTED) 1x128 scales whose leading dimension M is not 16-aligned
+    if pad:
+        q = F.pad(q.view(torch.uint8), (0, 0, 0, pad)).view(torch.float8_e4m3fn)
+        s_t = F.pad(s_t, (0, pad), value=1.0)
     ST = F.ScalingType
     args = (q, d.w_pad.t(), s_t.t(), ST.BlockWise1x128, d.ws_t, ST.BlockWise128x128)
     bias = weight.bias
+    out = None
     if bias is not None and d.bias_in_gemm:
         try:
-            return F.scaled_mm(*args, bias=bias.to(torch.bfloat16), output_dtype=torch.bfloat16)
+            out = F.scaled_mm(*args, bias=bias.to(torch.bfloat16), output_dtype=torch.bfloat16)
         except (RuntimeError, ValueError, NotImplementedError):
             d.bias_in_gemm = False
-    out = F.scaled_mm(*args, output_dtype=torch.bfloat16)
-    if bias is not None:
-        out += bias
-    return out
+    if out is None:
+        out = F.scaled_mm(*args, output_dtype=torch.bfloat16)
+        if bias is not None:
+            out += bias
+    return out[:M] if pad else out
 
 
 def _prequantized(xq: torch.Tensor, xs: torch.Tensor, K: int) -> tuple[torch.Tensor, torch.Tensor]:

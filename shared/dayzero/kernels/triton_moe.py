@@ -26,7 +26,7 @@ import triton
 from triton.tools.tensor_descriptor import TensorDescriptor
 
 from .registry import REGISTRY, register
-from .triton_linear import GROUP, quantize_rows
+from .triton_linear import GROUP, quantize_gathered_rows, quantize_rows
 from .triton_moe_align import AlignedPairs, align_pairs, max_padded_rows
 from .triton_moe_gemm import interpreting, moe_combine_kernel, moe_gemm_kernel, tma_ok
 from .triton_moe_router import router_topk as _router_topk
@@ -48,10 +48,20 @@ class MoeTiles:
     stages: int
     group_m: int
     tma: bool = False  # weights (and the down GEMM's contiguous A) through TMA descriptors
+    gather_quant: bool = False  # FP8 path: quantize x straight into sorted row order, gate_up A via TMA
 
 
-LARGE = MoeTiles(bm=64, bn_gate_up=256, bn_down=128, warps_gate_up=8, warps_down=4, stages=3, group_m=16, tma=True)
+LARGE = MoeTiles(bm=64, bn_gate_up=256, bn_down=128, warps_gate_up=8, warps_down=4, stages=3, group_m=16, tma=True,
+                 gather_quant=True)
 SMALL = MoeTiles(bm=16, bn_gate_up=64, bn_down=64, warps_gate_up=4, warps_down=4, stages=4, group_m=1)
+TINY = MoeTiles(bm=16, bn_gate_up=32, bn_down=32, warps_gate_up=4, warps_down=4, stages=4, group_m=1)
+TINY_PAIRS = 64  # at most this many (token, expert) pairs: narrower N tiles so enough programs stream weights
+
+
+def default_tiles(num_pairs: int, small: bool) -> MoeTiles:
+    if not small:
+        return LARGE
+    return TINY if num_pairs <= TINY_PAIRS else SMALL
 
 
 def _gemm(a, a_scale_t, w, w_scale, bias, out, out_scale_t, al: AlignedPairs, weights, topk, *,
@@ -95,7 +105,7 @@ class MoeRun:
         if small is None:
             small = T * k < SMALL_ROWS_PER_EXPERT * E
         self.small = small
-        self.tiles = tiles = tiles or (SMALL if small else LARGE)
+        self.tiles = tiles = tiles or default_tiles(T * k, small)
         if not small and tiles.bn_gate_up != 2 * GROUP:
             raise ValueError("the FP8 gate_up epilogue quantizes h per 128 columns: bn_gate_up must be 256")
         self.x, self.ids, self.weights, self.experts, self.limit = x.contiguous(), ids.contiguous(), \
@@ -118,13 +128,20 @@ class MoeRun:
         self.al = align_pairs(self.ids, self.E, self.tiles.bm, self.offset)
 
     def quant(self) -> None:
-        if not self.small:
+        if self.small:
+            return
+        if self.tiles.gather_quant:                                              # [Mpad, Hp], [ceil(H/128), Mpad]
+            al = self.al
+            self.xq, self.xs_t = quantize_gathered_rows(self.x, al.sorted_ids, al.block_expert, al.num_pairs,
+                                                        self.k, al.block_m)
+        else:
             self.xq, self.xs_t = quantize_rows(self.x)                           # [T, Hp], [ceil(H/128), T]
 
     def gate_up(self) -> None:
         ex, t = self.experts, self.tiles
         _gemm(self.xq, self.xs_t, ex.gate_up, ex.gate_up_scale, ex.gate_up_bias, self.h, self.hs_t, self.al,
-              self.weights, self.k, K=self.H, N=2 * self.I, gather=True, scatter=False, a_fp8=not self.small,
+              self.weights, self.k, K=self.H, N=2 * self.I, gather=self.small or not t.gather_quant, scatter=False,
+              a_fp8=not self.small,
               epi=1, quant_out=not self.small, bn=t.bn_gate_up, warps=t.warps_gate_up, **self._common())
 
     def down(self) -> None:

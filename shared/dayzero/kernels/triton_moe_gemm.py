@@ -56,6 +56,7 @@ def moe_gemm_kernel(
     A_FP8: tl.constexpr, EPI: tl.constexpr, QUANT_OUT: tl.constexpr, HAS_BIAS: tl.constexpr,
     BM: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr, GROUP_M: tl.constexpr,
     A_TMA: tl.constexpr = False, B_TMA: tl.constexpr = False, DOT_F32: tl.constexpr = False,
+    SPLIT_K: tl.constexpr = 1,
 ):
     pid = tl.program_id(0)
     num_pid_m = tl.cdiv(M, BM)
@@ -103,8 +104,18 @@ def moe_gemm_kernel(
         b_ptrs = b_ptr + e64 * stride_be + offs_nc[None, :].to(tl.int64) * stride_bn + offs_k[:, None]
     bs_base = bs_ptr + e64 * stride_bse + ((pid_n * BN) // 128) * stride_bsn  # BN | 128 or 128 | BN
 
+    # split-K (dense small-M only): program_id(1) takes a contiguous share of the K blocks and
+    # writes an fp32 partial to c + ks * M * stride_cm; the caller reduces (and adds the bias)
+    nkb = tl.cdiv(K, BK)
+    per = tl.cdiv(nkb, SPLIT_K)
+    kb0 = tl.program_id(1) * per
+    kb1 = tl.minimum(nkb, kb0 + per)
+    if not A_TMA:
+        a_ptrs += kb0 * BK
+    if not B_TMA:
+        b_ptrs += kb0 * BK
     acc = tl.zeros((BM, BN), dtype=tl.float32)
-    for kb in range(0, tl.cdiv(K, BK)):
+    for kb in range(kb0, kb1):
         k_ok = offs_k < K - kb * BK
         if B_TMA:  # b_ptr is a TensorDescriptor over [E, N, K], block [1, BN, BK]; OOB reads are 0
             b = tl.reshape(b_ptr.load([e64.to(tl.int32), pid_n * BN, kb * BK]), (BN, BK)).T
@@ -166,6 +177,8 @@ def moe_gemm_kernel(
             w = tl.load(weights_ptr + pair, mask=row_ok, other=0.0).to(tl.float32)
             acc = acc * w[:, None]
         c_ptrs = c_ptr + c_row.to(tl.int64)[:, None] * stride_cm + offs_n[None, :]
+        if SPLIT_K > 1:
+            c_ptrs += tl.program_id(1).to(tl.int64) * M * stride_cm
         tl.store(c_ptrs, acc.to(c_ptr.dtype.element_ty), mask=row_ok[:, None] & n_ok[None, :])
 
 
