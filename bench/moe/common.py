@@ -38,7 +38,7 @@ def run_meta() -> dict:
                                 timeout=10).stdout.strip()
     except (OSError, subprocess.SubprocessError):
         pass
-    if not commit and (root / ".devmeta" / "commit").exists():
+    if len(commit) != 40 and (root / ".devmeta" / "commit").exists():  # no .git on the device copy
         commit = (root / ".devmeta" / "commit").read_text().strip()
     src = hashlib.sha256()
     for p in sorted((root / "shared" / "dayzero" / "kernels").glob("triton_[lm]*.py")):

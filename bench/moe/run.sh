@@ -6,10 +6,11 @@
 set -u
 cd "$(dirname "$0")/../.."
 export PYTHONPATH="shared${PYTHONPATH:+:$PYTHONPATH}" PYTHONUNBUFFERED=1 NCCL_NVLS_ENABLE=0
+export DAYZERO_COMMIT="${DAYZERO_COMMIT:-$(cat .devmeta/commit 2>/dev/null || echo unknown)}"
 OUT="${OUT:-out}"
 mkdir -p "$OUT"
 log="$OUT/moe.log"
-steps=",${MOE_STEPS:-tests,kernels,prefill20,decode20,e2e,prefill120},"
+steps=",${MOE_STEPS:-tests,kernels,prefill20,decode20,e2e,prefill120,decode120},"
 rc=0
 step() {  # step NAME TIMEOUT_S CMD...
   local name=$1 t=$2; shift 2

@@ -19,6 +19,7 @@ from __future__ import annotations
 import argparse
 import json
 import math
+import os
 import statistics
 import sys
 import time
@@ -94,8 +95,6 @@ def random_model(cfg, dtype: str, backend: str, device: str, seed: int, max_posi
 
 
 def build_model(args, max_positions: int):
-    import os
-
     if os.path.isdir(args.model):
         from dayzero.weights.loader import load_model
 
@@ -227,7 +226,8 @@ def run(args: argparse.Namespace) -> int:
     model = build_model(args, need)
     meta = {"model": args.model, "backend": args.backend, "dtype": args.dtype, "build_s": time.perf_counter() - t0,
             "device": torch.cuda.get_device_name() if args.device.startswith("cuda") else args.device,
-            "date": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()), "fallback_ops": list(model.ops.fallbacks)}
+            "date": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()), "fallback_ops": list(model.ops.fallbacks),
+            "commit": os.environ.get("DAYZERO_COMMIT", "unknown")}
     rows = []
     if args.mode == "prefill":
         rows.append(bench_prefill(model, args.tokens, args.repeat, args.breakdown, args.usd_per_gpu_hour, args.seed))
