@@ -21,17 +21,17 @@ step() {  # step NAME TIMEOUT_S CMD...
   echo "=== $name rc=$r" | tee -a "$log"
   [ "$r" = 0 ] || rc=1
 }
-step tests 240 python3 -m pytest -q -p no:cacheprovider --noconftest -o addopts="" \
+step tests 130 python3 -m pytest -q -p no:cacheprovider --noconftest -o addopts="" \
   tests/kernels/test_linear_gpu.py tests/kernels/test_moe_gpu.py
-step kernels 300 python3 bench/moe/bench_kernels.py --out "$OUT" ${MOE_KERNEL_ARGS:-}
-step prefill20 150 python3 -m dayzero bench prefill --model 20b --tokens 8192 --repeat 5 --breakdown \
+step kernels 170 python3 bench/moe/bench_kernels.py --out "$OUT" ${MOE_KERNEL_ARGS:-}
+step prefill20 60 python3 -m dayzero bench prefill --model 20b --tokens 8192 --repeat 5 --breakdown \
   --json "$OUT/bench-prefill-20b.json"
-step decode20 150 python3 -m dayzero bench decode --model 20b --batch 1,64 --context 1024 --steps 32 \
+step decode20 70 python3 -m dayzero bench decode --model 20b --batch 1,64 --context 1024 --steps 32 \
   --json "$OUT/bench-decode-20b.json"
-step e2e 200 python3 bench/moe/e2e_hf.py --out "$OUT" --model 20b --tokens 2048
-step prefill120 200 python3 -m dayzero bench prefill --model 120b --tokens 8192 --repeat 3 --breakdown \
+step prefill120 90 python3 -m dayzero bench prefill --model 120b --tokens 8192 --repeat 3 --breakdown \
   --json "$OUT/bench-prefill-120b.json"
-step decode120 200 python3 -m dayzero bench decode --model 120b --batch 1,64 --context 1024 --steps 16 \
+step e2e 90 python3 bench/moe/e2e_hf.py --out "$OUT" --model 20b --tokens 2048
+step decode120 90 python3 -m dayzero bench decode --model 120b --batch 1,64 --context 1024 --steps 16 \
   --json "$OUT/bench-decode-120b.json"
 echo "moe: rc=$rc" | tee -a "$log"
 exit $rc
