@@ -177,6 +177,29 @@ def test_kill_prefill_mid_request_gives_a_clear_error_and_frees_the_lease(stack,
     assert len(tokens) == 3
 
 
+def test_kill_one_of_two_prefill_workers_the_other_answers_correctly(stack, router):
+    want = [t for m in router.Generate(_request("two-prefills", LONG, 4), timeout=60) for t in m.token_ids]
+    stack.add_worker("prefill", "prefill-1", wait=True)
+    _wait_router_sees(stack, "prefill-1")
+    call = router.Generate(_request("two-prefills", LONG, 4), timeout=60)
+    t, box = _in_background(lambda: list(call))
+    busy = _wait(lambda: [n for n in ("prefill-0", "prefill-1") if _load(stack, n).running_requests == 1], 20,
+                 "one prefill worker to start")
+    stack.workers[busy[0]].process.kill9()
+    t.join(60)
+    assert "error" not in box, box.get("error")
+    msgs = box["value"]
+    assert msgs[0].route == "disaggregated"
+    assert [t for m in msgs for t in m.token_ids] == want  # greedy: the retry gives the same answer
+    if busy[0] == "prefill-0":
+        stack.add_worker("prefill", "prefill-0", wait=True)
+    stack.workers.pop("prefill-1").process.stop()
+    _wait(lambda: {r.worker_id for r in open_registry(stack.registry_for_router).list("prefill")} == {"prefill-0"},
+          20, "prefill-1 to leave the registry")
+    _wait_router_sees(stack, "prefill-0")
+    _free(stack, ["decode-0", "prefill-0"])
+
+
 def test_kill_decode_mid_stream_ends_the_stream_with_an_error(stack, router):
     httpx = pytest.importorskip("httpx")
     body = {"model": "tiny", "prompt": _prompt(LONG // 4, 11), "max_tokens": 3000, "stream": True,
