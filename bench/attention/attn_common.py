@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import datetime
 import hashlib
-import os
 import pathlib
 import subprocess
 
@@ -24,6 +23,8 @@ def run_meta() -> dict:
                                 timeout=10).stdout.strip()
     except (OSError, subprocess.SubprocessError):
         pass
+    if len(commit) != 40 or any(c not in "0123456789abcdef" for c in commit):
+        commit = ""  # not a git checkout (the device copy has no history)
     meta_file = ROOT / ".devmeta" / "commit"
     if not commit and meta_file.exists():
         commit = meta_file.read_text().strip()

@@ -27,26 +27,41 @@ from dayzero.kernels.triton_attention import attention, store_kv  # noqa: E402
 from dayzero.kernels.triton_attention_decode import choose_num_splits  # noqa: E402
 
 SCALE = D ** -0.5
+def _pcfg(m, n, w, s, pack, tma):
+    return dict(BLOCK_M=m, BLOCK_N=n, num_warps=w, num_stages=s, PACK=pack, TMA=tma)
+
+
+# name -> config; the first entry is the shipped default (default_prefill_config), the rest are
+# alternatives measured in the same run so the default can be re-chosen from data
 PREFILL_CFGS = {
-    "m128n64w8s3": dict(BLOCK_M=128, BLOCK_N=64, num_warps=8, num_stages=3),
-    "m128n128w8s3": dict(BLOCK_M=128, BLOCK_N=128, num_warps=8, num_stages=3),
-    "m128n64w4s3": dict(BLOCK_M=128, BLOCK_N=64, num_warps=4, num_stages=3),
-    "m128n128w8s2": dict(BLOCK_M=128, BLOCK_N=128, num_warps=8, num_stages=2),
-    "m256n64w8s2": dict(BLOCK_M=256, BLOCK_N=64, num_warps=8, num_stages=2),
-    "m64n64w4s3": dict(BLOCK_M=64, BLOCK_N=64, num_warps=4, num_stages=3),
+    "m128n64w4s3_pack_tma": _pcfg(128, 64, 4, 3, True, True),
+    "m128n64w4s3": _pcfg(128, 64, 4, 3, False, False),
+    "m128n64w4s3_pack": _pcfg(128, 64, 4, 3, True, False),
+    "m128n64w4s3_tma": _pcfg(128, 64, 4, 3, False, True),
+    "m128n128w8s3_pack_tma": _pcfg(128, 128, 8, 3, True, True),
+    "m128n64w8s3_pack_tma": _pcfg(128, 64, 8, 3, True, True),
+    "m64n64w4s3_pack_tma": _pcfg(64, 64, 4, 3, True, True),
 }
 WINDOW_CFGS = {
-    "m64n64w4s3": dict(BLOCK_M=64, BLOCK_N=64, num_warps=4, num_stages=3),
-    "m64n32w4s3": dict(BLOCK_M=64, BLOCK_N=32, num_warps=4, num_stages=3),
-    "m128n64w8s3": dict(BLOCK_M=128, BLOCK_N=64, num_warps=8, num_stages=3),
-    "m128n128w8s2": dict(BLOCK_M=128, BLOCK_N=128, num_warps=8, num_stages=2),
-    "m64n128w4s2": dict(BLOCK_M=64, BLOCK_N=128, num_warps=4, num_stages=2),
+    "m128n32w4s3_pack_tma": _pcfg(128, 32, 4, 3, True, True),
+    "m64n32w4s3": _pcfg(64, 32, 4, 3, False, False),
+    "m128n32w4s3_pack": _pcfg(128, 32, 4, 3, True, False),
+    "m128n64w4s3_pack_tma": _pcfg(128, 64, 4, 3, True, True),
+    "m64n32w4s3_pack_tma": _pcfg(64, 32, 4, 3, True, True),
+    "m256n64w8s3_pack_tma": _pcfg(256, 64, 8, 3, True, True),
+    "m128n64w8s2_pack_tma": _pcfg(128, 64, 8, 2, True, True),
 }
 DECODE_CFGS = {
-    "n64w4s3": dict(BLOCK_N=64, num_warps=4, num_stages=3),
     "n128w4s3": dict(BLOCK_N=128, num_warps=4, num_stages=3),
-    "n64w4s4": dict(BLOCK_N=64, num_warps=4, num_stages=4),
-    "n128w8s3": dict(BLOCK_N=128, num_warps=8, num_stages=3),
+    "n64w4s3": dict(BLOCK_N=64, num_warps=4, num_stages=3),
+    "n128w4s4": dict(BLOCK_N=128, num_warps=4, num_stages=4),
+    "n256w8s2": dict(BLOCK_N=256, num_warps=8, num_stages=2),
+}
+WINDOW_DECODE_CFGS = {
+    "n64w4s3": dict(BLOCK_N=64, num_warps=4, num_stages=3),
+    "n64w4s2": dict(BLOCK_N=64, num_warps=4, num_stages=2),
+    "n32w4s3": dict(BLOCK_N=32, num_warps=4, num_stages=3),
+    "n128w4s2": dict(BLOCK_N=128, num_warps=4, num_stages=2),
 }
 WINDOW = 128
 
@@ -75,14 +90,21 @@ def bench_prefill(sizes, rows, ceil_bw, quick):
             for name in names:
                 out = torch.empty_like(c["q"])
                 fn = lambda cfg=cfgs[name]: attention(*args, max_seqlen_q=n, config=cfg, out=out)  # noqa: E731
-                ms = time_ms(fn, rep=200 if n < 100000 else 50)
+                try:
+                    ms = time_ms(fn, rep=200 if n < 100000 else 50)
+                except Exception as e:  # a variant that fails to build is reported, the rest still run
+                    res.append(dict(kind="error", section="prefill", config=name, n=n, window=window,
+                                    error=f"{type(e).__name__}: {str(e)[:300]}"))
+                    rows.append(f"prefill W={window} N={n} config {name} FAILED: {type(e).__name__}")
+                    continue
                 r = dict(kind="prefill", window=window, n=n, config=name, ms=ms,
                          tflops=causal_flops(n, window) / (ms * 1e-3) / 1e12,
                          floor_ms=qkvo_bytes(n) / ceil_bw * 1e3)
                 r["x_floor"] = ms / r["floor_ms"]
                 res.append(r)
-            here = [r for r in res if r["window"] == window and r["n"] == n]
+            here = [r for r in res if r["kind"] == "prefill" and r["window"] == window and r["n"] == n]
             top = min(here, key=lambda r: r["ms"])
+            dflt = [r for r in here if r["config"] == next(iter(cfgs))]
             if n <= 32768:
                 best = top["config"]
             # accuracy of the best config on the first and last 256 rows (fp32 reference)
@@ -94,8 +116,10 @@ def bench_prefill(sizes, rows, ceil_bw, quick):
             top["rel_err"] = max(errs)
             del c, out, ref
             torch.cuda.empty_cache()
-            rows.append(f"prefill W={window or 'full':>4} N={n:>6}  best {top['config']:<13} {top['ms']:8.3f} ms "
-                        f"{top['tflops']:6.1f} TFLOP/s  {top['x_floor']:5.1f}x QKVO floor  err {top['rel_err']:.1e}")
+            d_txt = f" | default {dflt[0]['ms']:8.3f} ms {dflt[0]['tflops']:6.1f} TFLOP/s" if dflt else ""
+            rows.append(f"prefill W={window or 'full':>4} N={n:>6}  best {top['config']:<22} {top['ms']:8.3f} ms "
+                        f"{top['tflops']:6.1f} TFLOP/s {top['x_floor']:6.1f}x QKVO floor err {top['rel_err']:.1e}"
+                        + d_txt)
     return res
 
 
@@ -167,16 +191,23 @@ def bench_decode(rows, ceil_bw, quick):
         heur = choose_num_splits(B, HKV, L, window, num_sms=torch.cuda.get_device_properties(0).multi_processor_count)
         splits = {heur}
         if B <= 8 and not quick and not window:
-            splits |= {s for s in (4, 16, 32, 64, 128) if s <= triton.cdiv(L, 64)}
-        cfgs = [n for n in DECODE_CFGS] if not quick else ["n64w4s3"]
+            splits |= {s for s in (16, 32, 64, 128) if s <= triton.cdiv(L, 64)}
+        table = WINDOW_DECODE_CFGS if window else DECODE_CFGS
+        first = next(iter(table))
+        cfgs = list(table) if not quick else [first]
         for name in cfgs:
             for ns in sorted(splits):
-                if name != "n64w4s3" and ns != heur:
+                if name != first and ns != heur:
                     continue
-                fns = [lambda t=tables[r], cfg=DECODE_CFGS[name], ns=ns: attention(
+                fns = [lambda t=tables[r], cfg=table[name], ns=ns: attention(
                     q, k, v, k_pool, v_pool, t, cu, cl, sinks, SCALE, window, max_seqlen_q=1, num_splits=ns,
                     config=cfg, out=out) for r in range(R)]
-                ms = graph_time_ms(fns)
+                try:
+                    ms = graph_time_ms(fns)
+                except Exception as e:
+                    res.append(dict(kind="error", section="decode", config=name, batch=B, context=L,
+                                    error=f"{type(e).__name__}: {str(e)[:300]}"))
+                    continue
                 res.append(dict(kind="decode", batch=B, context=L, window=window, config=name, num_splits=ns,
                                 heuristic_splits=heur, rotations=R, us=ms * 1e3, kv_bytes=kv_bytes,
                                 tbps=kv_bytes / (ms * 1e-3) / 1e12, frac_copy_bw=kv_bytes / (ms * 1e-3) / ceil_bw))
@@ -184,7 +215,7 @@ def bench_decode(rows, ceil_bw, quick):
                                              max_seqlen_q=1, out=out)) * 1e3
         here = [r for r in res if r["kind"] == "decode" and (r["batch"], r["context"], r["window"]) == (B, L, window)]
         top = min(here, key=lambda r: r["us"])
-        dflt = [r for r in here if r["config"] == "n64w4s3" and r["num_splits"] == heur][0]
+        dflt = [r for r in here if r["config"] == first and r["num_splits"] == heur][0]
         dflt["eager_us"] = eager_us
         rows.append(f"decode B={B:>3} ctx={L:>6} W={window or 'full':>4}: default {dflt['us']:7.1f} us "
                     f"{dflt['tbps']:5.2f} TB/s | best {top['config']}/s{top['num_splits']} {top['us']:7.1f} us "

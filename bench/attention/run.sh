@@ -8,7 +8,7 @@ export PYTHONPATH="shared${PYTHONPATH:+:$PYTHONPATH}" PYTHONUNBUFFERED=1
 OUT="${OUT:-out}"
 mkdir -p "$OUT"
 log="$OUT/attention.log"
-python3 -m pytest -q -p no:cacheprovider --noconftest -o addopts="" -x tests/kernels/test_attention_gpu.py 2>&1 | tee "$log"
+python3 -m pytest -q -p no:cacheprovider --noconftest -o addopts="" tests/kernels/test_attention_gpu.py 2>&1 | tee "$log"
 tests_rc=${PIPESTATUS[0]}
 python3 bench/attention/bench_attention.py --out "$OUT" "$@" 2>&1 | tee -a "$log"
 bench_rc=${PIPESTATUS[0]}

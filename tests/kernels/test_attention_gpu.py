@@ -41,6 +41,24 @@ def test_prefill_ragged(window, sinks):
     _check(make_case(q_lens, [0] * len(q_lens), window=window, sinks=sinks, seed=window + len(sinks)))
 
 
+PREFILL_VARIANTS = {
+    "plain": dict(PACK=False, TMA=False),
+    "pack": dict(PACK=True, TMA=False),
+    "tma": dict(PACK=False, TMA=True),
+    "pack_tma_n128": dict(BLOCK_M=128, BLOCK_N=128, num_warps=8, PACK=True, TMA=True),
+    "pack_m64_n32": dict(BLOCK_M=64, BLOCK_N=32, PACK=True, TMA=True),
+}
+
+
+@pytest.mark.parametrize("variant", list(PREFILL_VARIANTS))
+@pytest.mark.parametrize("window", [0, 128])
+def test_prefill_variants(variant, window):
+    """Every tile variant the benchmark may pick: ragged new tokens after ragged paged prefixes."""
+    case = make_case([1, 200, 64, 513, 17], [0, 300, 127, 0, 1000], window=window, sinks="mixed",
+                     seed=31 + window)
+    _check(case, config=PREFILL_VARIANTS[variant])
+
+
 @pytest.mark.parametrize("window", [0, 128])
 def test_chunked_prefill_paged_prefix(window):
     # cached prefixes around block, tile and window edges; new chunks of every size class

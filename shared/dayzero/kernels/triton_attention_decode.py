@@ -136,18 +136,20 @@ def _combine_kernel(q_ptr, k_ptr, v_ptr, cu_ptr, sink_ptr, o_ptr, mp_ptr, lp_ptr
 
 
 def choose_num_splits(batch: int, num_kv_heads: int, max_kv_len: int, window: int = 0,
-                      block_n: int = 64, num_sms: int = 132) -> int:
-    """Splits per sequence so that about two programs per SM are busy (1 once the batch fills it)."""
+                      num_sms: int = 132) -> int:
+    """Splits per sequence: one once the batch alone fills the SMs, else enough for ~32 programs
+    per SM, at most 64 and at least 64 keys per split (measured on H200, bench/NOTES.md)."""
     kv = min(max_kv_len, window) if window > 0 else max_kv_len
-    tiles = max(1, triton.cdiv(kv, block_n))
     progs = batch * num_kv_heads
     if progs >= num_sms:
         return 1
-    return int(max(1, min(triton.cdiv(2 * num_sms, progs), triton.cdiv(tiles, 2), 256)))
+    return int(max(1, min(64, triton.cdiv(32 * num_sms, progs), triton.cdiv(max(kv, 1), 64))))
 
 
-def default_decode_config(head_dim: int) -> dict:
-    return dict(BLOCK_N=64, num_warps=4, num_stages=3)
+def default_decode_config(head_dim: int, window: int = 0) -> dict:
+    if window > 0:
+        return dict(BLOCK_N=64, num_warps=4, num_stages=3)
+    return dict(BLOCK_N=128, num_warps=4, num_stages=3)
 
 
 def decode_attention(q, k, v, k_cache, v_cache, block_tables, cu_seqlens_q, cached_lens, sinks,
@@ -158,7 +160,7 @@ def decode_attention(q, k, v, k_cache, v_cache, block_tables, cu_seqlens_q, cach
     Hkv = k.shape[1]
     B = cached_lens.shape[0]
     group = Hq // Hkv
-    cfg = dict(default_decode_config(D))
+    cfg = dict(default_decode_config(D, window))
     cfg.update(config or {})
     bn = cfg.pop("BLOCK_N")
     single = num_splits == 1

@@ -1,19 +1,24 @@
 """Triton prefill attention with sinks: causal, variable length, paged cached prefix, sliding window.
 
-One program computes a tile of ``BLOCK_M`` new queries of one query head of one sequence (flash
-attention, online softmax in base 2). Keys come from two places (see torch_attention's contract):
+One program computes a tile of ``BLOCK_M`` query rows of one sequence (flash attention, online
+softmax in base 2). With ``PACK`` the rows are ``BLOCK_M // GROUP`` tokens x the ``GROUP`` query
+heads that share one KV head (GQA packing): the tile spans few positions, so sliding-window and
+diagonal tiles waste few scores; without it the rows are ``BLOCK_M`` tokens of one head.
+Keys come from two places (see torch_attention's contract):
   * the cached prefix, positions ``[0, cached_len)``, gathered from the paged cache through the
     block table (chunked prefill), and
   * the new keys of the same call, positions ``[cached_len, cached_len + q_len)``, read from the
-    contiguous ``k``/``v`` tensors.
+    contiguous ``k``/``v`` tensors (with ``TMA``: through Hopper tensor descriptors).
 Each source is walked in three phases: tiles at the window's lower edge (masked), tiles every query
 of the tile sees entirely (no mask at all), and tiles at the causal diagonal / end (masked).
 The sink joins the softmax once, in the epilogue (``l += exp(sink - m)`` after rescaling), so the
-probabilities fed to the PV product stay relative to the largest key score. Key positions outside ``[lo, hi)`` are never loaded
-(sliding layers may point stale block-table entries anywhere).
+probabilities fed to the PV product stay relative to the largest key score. Cache positions outside
+``[lo, hi)`` are never loaded (sliding layers may point stale block-table entries anywhere).
 """
 
 from __future__ import annotations
+
+import os
 
 import torch
 import triton
@@ -23,12 +28,12 @@ LOG2E = 1.4426950408889634
 
 
 @triton.jit
-def _tiles(acc, l_i, m_i, q, q_pos,
+def _tiles(acc, l_i, m_i, q, q_pos, k_desc, v_desc, desc_row, desc_col,
            src_k, src_v, stride_k, stride_v,          # new keys: row pointers of this head, row = index
            bt_row, stride_kb, stride_vb,              # cached keys: block-table row, block strides
            pos_base, start, stop, lo, hi, window, qk_scale,
-           PAGED: tl.constexpr, MASK: tl.constexpr, HAS_WINDOW: tl.constexpr, BS: tl.constexpr,
-           HEAD_D: tl.constexpr, BLOCK_N: tl.constexpr):
+           PAGED: tl.constexpr, MASK: tl.constexpr, HAS_WINDOW: tl.constexpr, TMA: tl.constexpr,
+           BS: tl.constexpr, HEAD_D: tl.constexpr, BLOCK_N: tl.constexpr):
     offs_n = tl.arange(0, BLOCK_N)
     offs_d = tl.arange(0, HEAD_D)
     for n0 in range(start, stop, BLOCK_N):
@@ -36,69 +41,87 @@ def _tiles(acc, l_i, m_i, q, q_pos,
         pos = pos_base + idx                                 # [BN] absolute key position
         if MASK:
             ok = (pos >= lo) & (pos < hi)
-        if PAGED:
+        if TMA:
+            # rows past this sequence belong to the next one (finite) or are zero-filled past T;
+            # masked scores drop them, and V is zeroed there so no Inf/NaN can leak through p = 0
+            kt = k_desc.load([desc_row + n0, desc_col])      # [BN, D]
+            vt = v_desc.load([desc_row + n0, desc_col])
             if MASK:
-                blk = tl.load(bt_row + idx // BS, mask=ok, other=0).to(tl.int64)
+                vt = tl.where(ok[:, None], vt, 0.0)
+        else:
+            if PAGED:
+                if MASK:
+                    blk = tl.load(bt_row + idx // BS, mask=ok, other=0).to(tl.int64)
+                else:
+                    blk = tl.load(bt_row + idx // BS).to(tl.int64)
+                slot = (idx % BS).to(tl.int64)
+                k_off = blk * stride_kb + slot * stride_k    # [BN]
+                v_off = blk * stride_vb + slot * stride_v
             else:
-                blk = tl.load(bt_row + idx // BS).to(tl.int64)
-            slot = (idx % BS).to(tl.int64)
-            k_off = blk * stride_kb + slot * stride_k        # [BN]
-            v_off = blk * stride_vb + slot * stride_v
-        else:
-            k_off = idx.to(tl.int64) * stride_k
-            v_off = idx.to(tl.int64) * stride_v
-        k_ptrs = src_k + k_off[:, None] + offs_d[None, :]    # [BN, D]
-        v_ptrs = src_v + v_off[:, None] + offs_d[None, :]
-        if MASK:
-            kt = tl.load(k_ptrs, mask=ok[:, None], other=0.0)
-            vt = tl.load(v_ptrs, mask=ok[:, None], other=0.0)
-        else:
-            kt = tl.load(k_ptrs)
-            vt = tl.load(v_ptrs)
-        qk = tl.dot(q, tl.trans(kt)) * qk_scale              # [BM, BN] log2 domain
+                k_off = idx.to(tl.int64) * stride_k
+                v_off = idx.to(tl.int64) * stride_v
+            k_ptrs = src_k + k_off[:, None] + offs_d[None, :]  # [BN, D]
+            v_ptrs = src_v + v_off[:, None] + offs_d[None, :]
+            if MASK:
+                kt = tl.load(k_ptrs, mask=ok[:, None], other=0.0)
+                vt = tl.load(v_ptrs, mask=ok[:, None], other=0.0)
+            else:
+                kt = tl.load(k_ptrs)
+                vt = tl.load(v_ptrs)
+        qk = tl.dot(q, tl.trans(kt))                         # [BM, BN] raw scores
         if MASK:
             vis = ok[None, :] & (pos[None, :] <= q_pos[:, None])
             if HAS_WINDOW:
                 vis = vis & ((q_pos[:, None] - pos[None, :]) < window)
-            qk = tl.where(vis, qk, float("-inf"))
-        m_new = tl.maximum(m_i, tl.max(qk, 1))
-        p = tl.math.exp2(qk - m_new[:, None])
+            qk = tl.where(vis, qk * qk_scale, float("-inf"))
+            m_new = tl.maximum(m_i, tl.max(qk, 1))
+            qk = qk - m_new[:, None]
+        else:
+            m_new = tl.maximum(m_i, tl.max(qk, 1) * qk_scale)
+            qk = qk * qk_scale - m_new[:, None]              # one FMA per score
+        p = tl.math.exp2(qk)
         alpha = tl.math.exp2(m_i - m_new)
         l_i = l_i * alpha + tl.sum(p, 1)
-        acc = acc * alpha[:, None] + tl.dot(p.to(vt.dtype), vt)
+        acc = acc * alpha[:, None]
+        acc = tl.dot(p.to(vt.dtype), vt, acc)                # accumulate in place
         m_i = m_new
     return acc, l_i, m_i
 
 
 @triton.jit
-def _prefill_kernel(q_ptr, k_ptr, v_ptr, kc_ptr, vc_ptr, bt_ptr, cu_ptr, cl_ptr, sink_ptr, o_ptr,
+def _prefill_kernel(q_ptr, k_ptr, v_ptr, k_desc, v_desc, kc_ptr, vc_ptr, bt_ptr, cu_ptr, cl_ptr,
+                    sink_ptr, o_ptr,
                     stride_qt, stride_qh, stride_kt, stride_kh, stride_vt, stride_vh,
                     stride_kcb, stride_kct, stride_kch, stride_vcb, stride_vct, stride_vch,
                     stride_bt, stride_ot, stride_oh,
                     qk_scale, window,
-                    GROUP: tl.constexpr, BS: tl.constexpr, HEAD_D: tl.constexpr,
-                    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, HAS_WINDOW: tl.constexpr):
+                    GROUP: tl.constexpr, P: tl.constexpr, BS: tl.constexpr, HEAD_D: tl.constexpr,
+                    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, HAS_WINDOW: tl.constexpr,
+                    TMA: tl.constexpr):
+    TOK_M: tl.constexpr = BLOCK_M // P                       # tokens per tile (P heads each)
     # longest tiles first: program 0 of dim 0 takes the last query tile
     pid_m = tl.num_programs(0) - 1 - tl.program_id(0)
-    h = tl.program_id(1)
+    hg = tl.program_id(1)                                    # query heads [hg*P, hg*P + P)
     b = tl.program_id(2)
     q_start = tl.load(cu_ptr + b)
     q_len = tl.load(cu_ptr + b + 1) - q_start
-    m_start = pid_m * BLOCK_M
+    m_start = pid_m * TOK_M
     if m_start >= q_len:
         return
     ctx = tl.load(cl_ptr + b)
-    hkv = h // GROUP
-    offs_m = m_start + tl.arange(0, BLOCK_M)
+    hkv = (hg * P) // GROUP
+    offs_r = tl.arange(0, BLOCK_M)
     offs_d = tl.arange(0, HEAD_D)
-    row_ok = offs_m < q_len
-    rows = (q_start + offs_m).to(tl.int64)
-    q = tl.load(q_ptr + rows[:, None] * stride_qt + h * stride_qh + offs_d[None, :],
+    tok = m_start + offs_r // P                              # [BM] new-token index of each row
+    head = hg * P + offs_r % P                               # [BM] query head of each row
+    row_ok = tok < q_len
+    rows = (q_start + tok).to(tl.int64)
+    q = tl.load(q_ptr + rows[:, None] * stride_qt + head[:, None] * stride_qh + offs_d[None, :],
                 mask=row_ok[:, None], other=0.0)             # [BM, D]
-    q_pos = ctx + offs_m                                     # [BM]
-    m_end = tl.minimum(m_start + BLOCK_M, q_len)             # exclusive, new-key index
+    q_pos = ctx + tok                                        # [BM]
+    m_end = tl.minimum(m_start + TOK_M, q_len)               # exclusive, new-key index
     if HAS_WINDOW:
-        lo = tl.maximum(ctx + m_start - window + 1, 0)       # first position any query sees
+        lo = tl.maximum(ctx + m_start - window + 1, 0)       # first position any row sees
     else:
         lo = 0
 
@@ -117,52 +140,60 @@ def _prefill_kernel(q_ptr, k_ptr, v_ptr, kc_ptr, vc_ptr, bt_ptr, cu_ptr, cl_ptr,
         f_lo = tl.minimum(f_lo, f_hi)
     else:
         f_lo = tl.minimum(c_lo, f_hi)
-    acc, l_i, m_i = _tiles(acc, l_i, m_i, q, q_pos, kc_head, vc_head, stride_kct, stride_vct,
-                           bt_row, stride_kcb, stride_vcb, 0, c_lo, f_lo, lo, ctx, window, qk_scale,
-                           True, True, HAS_WINDOW, BS, HEAD_D, BLOCK_N)
-    acc, l_i, m_i = _tiles(acc, l_i, m_i, q, q_pos, kc_head, vc_head, stride_kct, stride_vct,
-                           bt_row, stride_kcb, stride_vcb, 0, f_lo, f_hi, lo, ctx, window, qk_scale,
-                           True, False, HAS_WINDOW, BS, HEAD_D, BLOCK_N)
-    acc, l_i, m_i = _tiles(acc, l_i, m_i, q, q_pos, kc_head, vc_head, stride_kct, stride_vct,
-                           bt_row, stride_kcb, stride_vcb, 0, tl.maximum(f_hi, c_lo), ctx, lo, ctx,
-                           window, qk_scale, True, True, HAS_WINDOW, BS, HEAD_D, BLOCK_N)
+    acc, l_i, m_i = _tiles(acc, l_i, m_i, q, q_pos, k_desc, v_desc, 0, 0, kc_head, vc_head,
+                           stride_kct, stride_vct, bt_row, stride_kcb, stride_vcb, 0, c_lo, f_lo, lo, ctx,
+                           window, qk_scale, True, True, HAS_WINDOW, False, BS, HEAD_D, BLOCK_N)
+    acc, l_i, m_i = _tiles(acc, l_i, m_i, q, q_pos, k_desc, v_desc, 0, 0, kc_head, vc_head,
+                           stride_kct, stride_vct, bt_row, stride_kcb, stride_vcb, 0, f_lo, f_hi, lo, ctx,
+                           window, qk_scale, True, False, HAS_WINDOW, False, BS, HEAD_D, BLOCK_N)
+    acc, l_i, m_i = _tiles(acc, l_i, m_i, q, q_pos, k_desc, v_desc, 0, 0, kc_head, vc_head,
+                           stride_kct, stride_vct, bt_row, stride_kcb, stride_vcb, 0, tl.maximum(f_hi, c_lo),
+                           ctx, lo, ctx, window, qk_scale, True, True, HAS_WINDOW, False, BS, HEAD_D, BLOCK_N)
 
     # ---- new keys: index n in [0, m_end), position ctx + n ----
     k_new = k_ptr + q_start.to(tl.int64) * stride_kt + hkv * stride_kh
     v_new = v_ptr + q_start.to(tl.int64) * stride_vt + hkv * stride_vh
     a_lo = tl.maximum(lo - ctx, 0) // BLOCK_N * BLOCK_N
-    g_hi = (m_start + 1) // BLOCK_N * BLOCK_N                # tiles wholly at or before the first query
+    g_hi = (m_start + 1) // BLOCK_N * BLOCK_N                # tiles wholly at or before the first row
     if HAS_WINDOW:
         g_lo = tl.cdiv(tl.maximum(a_lo, m_end - window), BLOCK_N) * BLOCK_N
         g_lo = tl.minimum(g_lo, g_hi)
     else:
         g_lo = tl.minimum(a_lo, g_hi)
     hi = ctx + q_len
-    acc, l_i, m_i = _tiles(acc, l_i, m_i, q, q_pos, k_new, v_new, stride_kt, stride_vt,
-                           bt_row, 0, 0, ctx, a_lo, g_lo, lo, hi, window, qk_scale,
-                           False, True, HAS_WINDOW, BS, HEAD_D, BLOCK_N)
-    acc, l_i, m_i = _tiles(acc, l_i, m_i, q, q_pos, k_new, v_new, stride_kt, stride_vt,
-                           bt_row, 0, 0, ctx, g_lo, g_hi, lo, hi, window, qk_scale,
-                           False, False, HAS_WINDOW, BS, HEAD_D, BLOCK_N)
-    acc, l_i, m_i = _tiles(acc, l_i, m_i, q, q_pos, k_new, v_new, stride_kt, stride_vt,
-                           bt_row, 0, 0, ctx, tl.maximum(g_hi, a_lo), m_end, lo, hi, window, qk_scale,
-                           False, True, HAS_WINDOW, BS, HEAD_D, BLOCK_N)
+    col = hkv * HEAD_D
+    acc, l_i, m_i = _tiles(acc, l_i, m_i, q, q_pos, k_desc, v_desc, q_start, col, k_new, v_new,
+                           stride_kt, stride_vt, bt_row, 0, 0, ctx, a_lo, g_lo, lo, hi, window, qk_scale,
+                           False, True, HAS_WINDOW, TMA, BS, HEAD_D, BLOCK_N)
+    acc, l_i, m_i = _tiles(acc, l_i, m_i, q, q_pos, k_desc, v_desc, q_start, col, k_new, v_new,
+                           stride_kt, stride_vt, bt_row, 0, 0, ctx, g_lo, g_hi, lo, hi, window, qk_scale,
+                           False, False, HAS_WINDOW, TMA, BS, HEAD_D, BLOCK_N)
+    acc, l_i, m_i = _tiles(acc, l_i, m_i, q, q_pos, k_desc, v_desc, q_start, col, k_new, v_new,
+                           stride_kt, stride_vt, bt_row, 0, 0, ctx, tl.maximum(g_hi, a_lo), m_end, lo, hi,
+                           window, qk_scale, False, True, HAS_WINDOW, TMA, BS, HEAD_D, BLOCK_N)
 
     # the sink joins the softmax once, after every key (p stays relative to the largest key score)
-    sink = tl.load(sink_ptr + h).to(tl.float32) * 1.4426950408889634
+    sink = tl.load(sink_ptr + head).to(tl.float32) * 1.4426950408889634      # [BM]
     m_f = tl.maximum(m_i, sink)
     alpha = tl.math.exp2(m_i - m_f)
     l_i = l_i * alpha + tl.math.exp2(sink - m_f)
     out = acc * (alpha / l_i)[:, None]
-    tl.store(o_ptr + rows[:, None] * stride_ot + h * stride_oh + offs_d[None, :],
+    tl.store(o_ptr + rows[:, None] * stride_ot + head[:, None] * stride_oh + offs_d[None, :],
              out.to(o_ptr.dtype.element_ty), mask=row_ok[:, None])
 
 
 def default_prefill_config(head_dim: int, window: int) -> dict:
-    """Tile shape and launch parameters (tuned on H200; see bench/NOTES.md)."""
+    """Tile shape and launch parameters (measured on H200; see bench/NOTES.md)."""
     if window > 0:
-        return dict(BLOCK_M=64, BLOCK_N=64, num_warps=4, num_stages=3)
-    return dict(BLOCK_M=128, BLOCK_N=64, num_warps=8, num_stages=3)
+        return dict(BLOCK_M=128, BLOCK_N=32, num_warps=4, num_stages=3, PACK=True, TMA=True)
+    return dict(BLOCK_M=128, BLOCK_N=64, num_warps=4, num_stages=3, PACK=True, TMA=True)
+
+
+def _tma_ok(t: torch.Tensor) -> bool:
+    es = t.element_size()
+    on_device = t.is_cuda or os.environ.get("TRITON_INTERPRET") == "1"
+    return (on_device and t.stride(1) == t.shape[2] and t.data_ptr() % 16 == 0
+            and (t.stride(0) * es) % 16 == 0 and t.shape[2] * es >= 16)
 
 
 def prefill_attention(q, k, v, k_cache, v_cache, block_tables, cu_seqlens_q, cached_lens, sinks,
@@ -172,19 +203,29 @@ def prefill_attention(q, k, v, k_cache, v_cache, block_tables, cu_seqlens_q, cac
     T, Hq, D = q.shape
     Hkv = k.shape[1]
     B = cached_lens.shape[0]
+    group = Hq // Hkv
     cfg = dict(default_prefill_config(D, window))
     cfg.update(config or {})
     bm, bn = cfg.pop("BLOCK_M"), cfg.pop("BLOCK_N")
+    pack, tma = cfg.pop("PACK", False), cfg.pop("TMA", False)
     if T == 0 or max_seqlen_q == 0:
         return out
-    grid = (triton.cdiv(max_seqlen_q, bm), Hq, B)
+    p = group if (pack and group & (group - 1) == 0 and bm % group == 0) else 1
+    k_desc, v_desc = k, v
+    tma = bool(tma and _tma_ok(k) and _tma_ok(v))
+    if tma:
+        from triton.tools.tensor_descriptor import TensorDescriptor
+
+        k_desc = TensorDescriptor(k, [T, Hkv * D], [k.stride(0), 1], [bn, D])
+        v_desc = TensorDescriptor(v, [T, Hkv * D], [v.stride(0), 1], [bn, D])
+    grid = (triton.cdiv(max_seqlen_q, bm // p), Hq // p, B)
     _prefill_kernel[grid](
-        q, k, v, k_cache, v_cache, block_tables, cu_seqlens_q, cached_lens, sinks, out,
+        q, k, v, k_desc, v_desc, k_cache, v_cache, block_tables, cu_seqlens_q, cached_lens, sinks, out,
         q.stride(0), q.stride(1), k.stride(0), k.stride(1), v.stride(0), v.stride(1),
         k_cache.stride(0), k_cache.stride(1), k_cache.stride(2),
         v_cache.stride(0), v_cache.stride(1), v_cache.stride(2),
         block_tables.stride(0), out.stride(0), out.stride(1),
         scale * LOG2E, window,
-        GROUP=Hq // Hkv, BS=k_cache.shape[1], HEAD_D=D, BLOCK_M=bm, BLOCK_N=bn,
-        HAS_WINDOW=window > 0, **cfg)
+        GROUP=group, P=p, BS=k_cache.shape[1], HEAD_D=D, BLOCK_M=bm, BLOCK_N=bn,
+        HAS_WINDOW=window > 0, TMA=tma, **cfg)
     return out
