@@ -142,7 +142,9 @@ def test_client_disconnect_during_prefill_frees_both_sides(stack, router):
 
 def test_frontend_stream_disconnect_frees_blocks(stack):
     httpx = pytest.importorskip("httpx")
-    body = {"model": "tiny", "prompt": _prompt(LONG // 4, 7), "max_tokens": 2000, "stream": True, "ignore_eos": True}
+    # greedy (temperature 0): a sampled stop id cannot end this stream early
+    body = {"model": "tiny", "prompt": _prompt(LONG // 4, 7), "max_tokens": 2000, "stream": True, "ignore_eos": True,
+            "temperature": 0}
     with httpx.Client(base_url=stack.frontend_url, timeout=60) as client:
         with client.stream("POST", "/v1/completions", json=body) as resp:
             assert resp.status_code == 200
@@ -202,7 +204,7 @@ def test_kill_one_of_two_prefill_workers_the_other_answers_correctly(stack, rout
 
 def test_kill_decode_mid_stream_ends_the_stream_with_an_error(stack, router):
     httpx = pytest.importorskip("httpx")
-    body = {"model": "tiny", "prompt": _prompt(LONG // 4, 11), "max_tokens": 3000, "stream": True,
+    body = {"model": "tiny", "prompt": _prompt(LONG // 4, 11), "max_tokens": 3000, "stream": True, "temperature": 0,
             "ignore_eos": True}
     events = []
     t0 = None

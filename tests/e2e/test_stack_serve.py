@@ -102,7 +102,8 @@ def test_dayzero_serve_in_process_registry_grpc_transport_and_ctrl_c(tmp_path):
     try:
         assert "in-process registry" in log_path.read_text()
         resp = _post(f"http://127.0.0.1:{port}/v1/completions",
-                     {"model": "gpt-oss", "prompt": list(range(1000, 1100)), "max_tokens": 4, "ignore_eos": True})
+                     {"model": "gpt-oss", "prompt": list(range(1000, 1100)), "max_tokens": 4, "ignore_eos": True,
+                      "temperature": 0})
         assert resp["choices"][0]["finish_reason"] == "length"
         router_http = int(re.search(r"router: grpc \S+, http (\d+)", log_path.read_text()).group(1))
         with urllib.request.urlopen(f"http://127.0.0.1:{router_http}/metrics", timeout=5) as r:
