@@ -26,12 +26,12 @@ step tests 130 python3 -m pytest -q -p no:cacheprovider --noconftest -o addopts=
 step kernels 170 python3 bench/moe/bench_kernels.py --out "$OUT" ${MOE_KERNEL_ARGS:-}
 step prefill20 60 python3 -m dayzero bench prefill --model 20b --tokens 8192 --repeat 5 --breakdown \
   --json "$OUT/bench-prefill-20b.json"
-step decode20 70 python3 -m dayzero bench decode --model 20b --batch 1,64 --context 1024 --steps 32 \
+step decode20 70 python3 -m dayzero bench decode --model 20b --batch 1,64 --context 1024 --steps 32 --breakdown \
   --json "$OUT/bench-decode-20b.json"
 step prefill120 90 python3 -m dayzero bench prefill --model 120b --tokens 8192 --repeat 3 --breakdown \
   --json "$OUT/bench-prefill-120b.json"
 step e2e 90 python3 bench/moe/e2e_hf.py --out "$OUT" --model 20b --tokens 2048
-step decode120 90 python3 -m dayzero bench decode --model 120b --batch 1,64 --context 1024 --steps 16 \
+step decode120 90 python3 -m dayzero bench decode --model 120b --batch 1,64 --context 1024 --steps 16 --breakdown \
   --json "$OUT/bench-decode-120b.json"
 echo "moe: rc=$rc" | tee -a "$log"
 exit $rc

@@ -9,8 +9,9 @@ loaders) or a checkpoint directory. Prefill = one batch-1 forward over the promp
 its last token, timed with CUDA events after a warm-up, median of ``--repeat``; reported with the
 cost of 1M input tokens at ``--usd-per-gpu-hour``. Decode = steps of one new token for each of
 ``batch`` sequences after a ``--context``-token prefill (host-side batch building and greedy
-argmax included), tokens/s over ``--steps`` steps. ``--breakdown`` times every kernel op call with
-CUDA events (keyed by op and, for ``linear``, by weight shape) in one extra run.
+argmax included), tokens/s over ``--steps`` steps. ``--breakdown`` times every kernel op call in
+one extra run/step: GPU time with CUDA events and the host time of the Python call (what bounds
+decode without CUDA graphs), keyed by op and, for ``linear``, by weight shape.
 Prints a table and writes JSON (``--json PATH``).
 """
 
@@ -123,19 +124,25 @@ class OpTimer:
                 key = f"linear[{w.shape[0]}x{w.shape[1]}{',fp8' if w.dtype == torch.float8_e4m3fn else ''}]"
             e0, e1 = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
             e0.record()
+            t0 = time.perf_counter()
             out = fn(*a, **kw)
+            host = time.perf_counter() - t0
             e1.record()
-            self.events.append((key, e0, e1))
+            self.events.append((key, e0, e1, host))
             return out
         return timed
 
-    def totals(self) -> dict[str, float]:
+    def totals(self) -> dict[str, dict[str, float]]:
+        """{op key: {"gpu_ms": event time, "host_ms": time the Python call took (launch cost), "calls": n}}."""
         torch.cuda.synchronize()
-        tot = defaultdict(float)
-        for key, e0, e1 in self.events:
-            tot[key] += e0.elapsed_time(e1)
+        tot: dict[str, dict[str, float]] = defaultdict(lambda: {"gpu_ms": 0.0, "host_ms": 0.0, "calls": 0})
+        for key, e0, e1, host in self.events:
+            t = tot[key]
+            t["gpu_ms"] += e0.elapsed_time(e1)
+            t["host_ms"] += host * 1e3
+            t["calls"] += 1
         self.model.ops = self.orig
-        return dict(sorted(tot.items(), key=lambda kv: -kv[1]))
+        return dict(sorted(tot.items(), key=lambda kv: -kv[1]["gpu_ms"]))
 
 
 def _kv(model, seqs: int, tokens: int):
@@ -182,7 +189,7 @@ def bench_prefill(model, tokens: int, repeat: int, breakdown: bool, usd: float, 
     return res
 
 
-def bench_decode(model, batch: int, context: int, steps: int, seed: int) -> dict:
+def bench_decode(model, batch: int, context: int, steps: int, seed: int, breakdown: bool = False) -> dict:
     from dayzero.runtime.model_runner import ModelRunner, SeqChunk
 
     kv = _kv(model, batch, context + steps + 2)
@@ -213,8 +220,18 @@ def bench_decode(model, batch: int, context: int, steps: int, seed: int) -> dict
         step()
     sync()
     dt = (time.perf_counter() - t0) / steps
-    return {"mode": "decode", "batch": batch, "context": context, "steps": steps, "ms_per_step": dt * 1e3,
-            "tokens_per_s": batch / dt, "tokens_per_s_per_seq": 1 / dt}
+    res = {"mode": "decode", "batch": batch, "context": context, "steps": steps, "ms_per_step": dt * 1e3,
+           "tokens_per_s": batch / dt, "tokens_per_s_per_seq": 1 / dt}
+    if breakdown and model.device.type == "cuda":
+        timer = OpTimer(model)
+        step()
+        res["breakdown_ms"] = timer.totals()
+    return res
+
+
+def _print_breakdown(bd: dict | None) -> None:
+    for k, v in (bd or {}).items():
+        print(f"  {k:40s} gpu {v['gpu_ms']:9.2f} ms  host {v['host_ms']:9.2f} ms  calls {v['calls']}")
 
 
 def run(args: argparse.Namespace) -> int:
@@ -234,14 +251,14 @@ def run(args: argparse.Namespace) -> int:
         r = rows[0]
         print(f"prefill {args.model} {args.dtype}/{args.backend} {r['tokens']} tokens: {r['seconds']:.4f} s "
               f"({r['tokens_per_s']:.0f} tok/s, ${r['usd_per_1m_input_tokens']:.4f} per 1M input tokens)")
-        for k, v in (r.get("breakdown_ms") or {}).items():
-            print(f"  {k:40s} {v:9.2f} ms")
+        _print_breakdown(r.get("breakdown_ms"))
     else:
         for b in [int(x) for x in args.batch.split(",") if x]:
-            rows.append(bench_decode(model, b, args.context, args.steps, args.seed))
+            rows.append(bench_decode(model, b, args.context, args.steps, args.seed, args.breakdown))
             r = rows[-1]
             print(f"decode {args.model} batch {b} ctx {args.context}: {r['ms_per_step']:.2f} ms/step, "
                   f"{r['tokens_per_s']:.1f} tok/s")
+            _print_breakdown(r.get("breakdown_ms"))
     if args.json:
         with open(args.json, "w", encoding="utf-8") as f:
             json.dump({"meta": meta, "rows": rows}, f, indent=1)

@@ -88,6 +88,10 @@ def test_rms_norm_quant_then_linear(m, k, n):
     rq, rs = ref.rms_norm_quant(x, w, 1e-5)
     assert q.shape == rq.shape and q.dtype == torch.float8_e4m3fn and s.shape == rs.shape
     assert torch.isfinite(s).all()
+    qp, sp = q._dayzero_padded  # rows padded to 16 (cuBLAS) and columns to 128: zeros, scale 1
+    assert qp.shape == (-(-m // 16) * 16, -(-k // 128) * 128) and sp.shape == (qp.shape[1] // 128, qp.shape[0])
+    assert (qp[m:].view(torch.uint8) == 0).all() and (qp[:, k:].view(torch.uint8) == 0).all()
+    assert (sp[:, m:] == 1).all()
     nz = rs != 1.0  # the reference gives an all-zero group scale 1; codes are 0 either way
     torch.testing.assert_close(s[nz], rs[nz], rtol=1e-6, atol=0)
     dq, drq = fp8.dequantize_act_group(q, s), fp8.dequantize_act_group(rq, rs)

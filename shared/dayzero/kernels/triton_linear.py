@@ -8,7 +8,7 @@ Activation quantization output layout (chosen for the GEMMs that consume it):
     [T, groups] view with strides (1, T) that cuBLAS' 1x128 blockwise mode wants.
 
 Dense linear paths (``linear``):
-  * M <= SMALL_M rows (decode): Triton weight-only kernel, bf16 activations x FP8 weights widened
+  * M <= SMALL_M rows (decode): one Triton weight-only kernel, bf16 activations x FP8 weights widened
     in registers; bandwidth bound, no activation quantization.
   * larger M: quantize x (1x128) then ``torch.nn.functional.scaled_mm`` blockwise 1x128 x 128x128
     (cuBLAS) on Hopper, else the Triton FP8 kernel.
@@ -35,7 +35,8 @@ from .types import BLOCK, LinearWeight
 GROUP = BLOCK
 FP8_MAX = tl.constexpr(448.0)
 SCALE_FLOOR = tl.constexpr(1e-10)
-SMALL_M = 64  # rows at or below which the weight-only kernel runs (see bench/NOTES.md)
+SMALL_M = 16  # rows at or below which the weight-only kernel runs (bench/NOTES.md, run 2)
+ROW_ALIGN = 16  # activation buffers are padded to a multiple of 16 rows (cuBLAS blockwise needs it)
 
 
 @triton.jit
@@ -47,7 +48,7 @@ def _quant_rows_kernel(
 ):
     row = tl.program_id(0)
     src = row
-    ok = True
+    ok = row < T  # rows T..Mp (padding to a multiple of 16) become zero rows
     if GATHER:  # output row = sorted MoE row; source = its token (padding rows are written as zeros)
         if tl.load(block_expert_ptr + row // BM) < 0:
             return
@@ -63,7 +64,7 @@ def _quant_rows_kernel(
         x = (w * (x * tl.rsqrt(var + eps))).to(tl.bfloat16).to(tl.float32)  # RMSNorm output is bf16
     xg = tl.reshape(x, (NG, G))
     amax = tl.maximum(tl.max(tl.abs(xg), axis=1), SCALE_FLOOR)                 # [NG]
-    scale = amax / FP8_MAX
+    scale = tl.where(ok, amax / FP8_MAX, 1.0)
     q = tl.reshape(xg / scale[:, None], (NG * G,)).to(tl.float8e4nv)
     kp = tl.cdiv(K, G) * G
     tl.store(q_ptr + row.to(tl.int64) * stride_qm + cols, q, mask=cols < kp)
@@ -78,11 +79,12 @@ def _launch(x: torch.Tensor, w: torch.Tensor | None, eps: float) -> tuple[torch.
         x = x.contiguous()
     T, K = x.shape
     ng = triton.cdiv(K, GROUP)
-    q = torch.empty((T, ng * GROUP), dtype=torch.float8_e4m3fn, device=x.device)
-    s_t = torch.empty((ng, T), dtype=torch.float32, device=x.device)
-    if T > 0:
+    mp = triton.cdiv(T, ROW_ALIGN) * ROW_ALIGN
+    q = torch.empty((mp, ng * GROUP), dtype=torch.float8_e4m3fn, device=x.device)
+    s_t = torch.empty((ng, mp), dtype=torch.float32, device=x.device)
+    if mp > 0:
         ng_p2 = triton.next_power_of_2(ng)
-        _quant_rows_kernel[(T,)](
+        _quant_rows_kernel[(mp,)](
             x, w if w is not None else x, q, s_t, q, q, T, K, x.stride(0), q.stride(0), s_t.stride(0), eps, 0,
             NORM=w is not None, NG=ng_p2, G=GROUP, num_warps=4 if ng_p2 <= 16 else 8,
         )
@@ -108,7 +110,8 @@ def quantize_gathered_rows(x: torch.Tensor, sorted_ids: torch.Tensor, block_expe
 
 
 def quantize_rows(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """x [T, K] bf16 -> (q [T, Kp] fp8 zero-padded, s_t [ceil(K/128), T] fp32)."""
+    """x [T, K] bf16 -> (q [Tp, Kp] fp8, s_t [ceil(K/128), Tp] fp32); Tp = T rounded up to 16 and
+    Kp = K rounded up to 128, the padding written as zeros (scale 1): cuBLAS takes the buffers as is."""
     return _launch(x, None, 0.0)
 
 
@@ -127,10 +130,10 @@ def rms_norm_quant(x: torch.Tensor, w: torch.Tensor, eps: float) -> tuple[torch.
     group-major buffer; ``linear`` recognises both and uses the buffers without a copy.
     """
     q, s_t = rms_norm_quantize_rows(x, w, eps)
-    H = x.shape[-1]
-    xq = q[:, :H]
-    xq._dayzero_padded = q  # the padded buffer this view came from (pad columns are zeros)
-    return xq, s_t.t()
+    T, H = x.shape
+    xq = q[:T, :H]
+    xq._dayzero_padded = (q, s_t)  # the padded buffers these views come from (padding is zeros)
+    return xq, s_t[:, :T].t()
 
 
 @dataclass
@@ -227,7 +230,7 @@ def gemm_w8a16_triton(x: torch.Tensor, weight: LinearWeight, bm: int = 16, bn: i
     M = x.shape[0]
     out = torch.empty((M, N), dtype=x.dtype, device=x.device)
     bias = weight.bias
-    split = split_k or _split_for(M, N, K, bm, bn)
+    split = split_k or 1  # auto split-K (_split_for) lost to its extra launch in run 2: opt-in only
     c = out if split == 1 else torch.empty((split, M, N), dtype=torch.float32, device=x.device)
     grid = (triton.cdiv(M, bm) * triton.cdiv(N, bn), split)
     moe_gemm_kernel[grid](
@@ -273,15 +276,15 @@ def gemm_fp8_cublas(q: torch.Tensor, s_t: torch.Tensor, weight: LinearWeight) ->
 
 
 def _prequantized(xq: torch.Tensor, xs: torch.Tensor, K: int) -> tuple[torch.Tensor, torch.Tensor]:
-    """(x_fp8 [T, K], scale [T, ceil(K/128)]) -> (q [T, Kp] zero-padded, s_t [ceil(K/128), T] contiguous)."""
+    """(x_fp8 [T, K], scale [T, ceil(K/128)]) -> (q [>=T, Kp] zero-padded, s_t [ceil(K/128), >=T])."""
     kp = triton.cdiv(K, GROUP) * GROUP
     if xs.shape != (xq.shape[0], kp // GROUP):
         raise ValueError(f"linear: x_scale {tuple(xs.shape)} does not fit x {tuple(xq.shape)}")
-    q = getattr(xq, "_dayzero_padded", None)   # set by rms_norm_quant: the padded buffer, no copy
-    if q is None or q.shape != (xq.shape[0], kp):
-        q = xq.contiguous() if kp == K else F.pad(xq.view(torch.uint8), (0, kp - K)).view(torch.float8_e4m3fn)
-    s_t = xs.t().contiguous()                  # a no-op for rms_norm_quant's (1, T)-strided scale
-    return q, s_t.float()
+    padded = getattr(xq, "_dayzero_padded", None)   # from rms_norm_quant: the padded buffers, no copy
+    if padded is not None and padded[0].shape[1] == kp:
+        return padded
+    q = xq.contiguous() if kp == K else F.pad(xq.view(torch.uint8), (0, kp - K)).view(torch.float8_e4m3fn)
+    return q, xs.t().contiguous().float()
 
 
 @register("triton", "linear")
@@ -315,4 +318,4 @@ def linear(x: torch.Tensor, weight: LinearWeight, x_scale: torch.Tensor | None =
         out = gemm_fp8_cublas(q, s_t, weight)
     else:
         out = gemm_fp8_triton(q, s_t, weight)
-    return out.to(out_dtype)
+    return out[: x.shape[0]].to(out_dtype)
