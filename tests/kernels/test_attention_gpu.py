@@ -43,7 +43,7 @@ def test_prefill_ragged(window, sinks):
 
 PREFILL_VARIANTS = {
     "plain": dict(PACK=False, TMA=False),
-    "pack": dict(PACK=True, TMA=False),
+    "pack": dict(PACK=True, TMA=False),  # ptxas crashes on this tile: exercises the fallback
     "tma": dict(PACK=False, TMA=True),
     "pack_tma_n128": dict(BLOCK_M=128, BLOCK_N=128, num_warps=8, PACK=True, TMA=True),
     "pack_m64_n32": dict(BLOCK_M=64, BLOCK_N=32, PACK=True, TMA=True),

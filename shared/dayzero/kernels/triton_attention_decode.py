@@ -137,18 +137,18 @@ def _combine_kernel(q_ptr, k_ptr, v_ptr, cu_ptr, sink_ptr, o_ptr, mp_ptr, lp_ptr
 
 def choose_num_splits(batch: int, num_kv_heads: int, max_kv_len: int, window: int = 0,
                       num_sms: int = 132) -> int:
-    """Splits per sequence: one once the batch alone fills the SMs, else enough for ~32 programs
+    """Splits per sequence: one once the batch alone fills the SMs, else enough for ~8 programs
     per SM, at most 64 and at least 64 keys per split (measured on H200, bench/NOTES.md)."""
     kv = min(max_kv_len, window) if window > 0 else max_kv_len
     progs = batch * num_kv_heads
     if progs >= num_sms:
         return 1
-    return int(max(1, min(64, triton.cdiv(32 * num_sms, progs), triton.cdiv(max(kv, 1), 64))))
+    return int(max(1, min(64, triton.cdiv(8 * num_sms, progs), triton.cdiv(max(kv, 1), 64))))
 
 
 def default_decode_config(head_dim: int, window: int = 0) -> dict:
     if window > 0:
-        return dict(BLOCK_N=64, num_warps=4, num_stages=3)
+        return dict(BLOCK_N=64, num_warps=4, num_stages=2)
     return dict(BLOCK_N=128, num_warps=4, num_stages=3)
 
 
