@@ -42,7 +42,9 @@ def agent_name(role: str) -> str:
 
 def _make_agent(name: str, memory: KVMemory):
     api = _nixl_api()
-    agent = api.nixl_agent(name, api.nixl_agent_config(backends=["UCX"]))
+    # no progress thread: it busy-polls a core even when idle; transfers progress in our own
+    # calls instead (check_xfer_state on the sender, get_new_notifs on the receiver)
+    agent = api.nixl_agent(name, api.nixl_agent_config(enable_prog_thread=False, backends=["UCX"]))
     if "UCX" not in agent.backends:
         raise TransferError("NIXL loaded but its UCX backend did not start; use --transport grpc")
     reg = agent.register_memory([p.tensor for p in memory.pools])
