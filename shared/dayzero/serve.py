@@ -56,7 +56,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--disagg-threshold", type=int, default=256,
                    help="prompts shorter than this are prefilled on the decode worker")
     p.add_argument("--no-redis", action="store_true", help="use the router's in-process registry")
-    p.add_argument("--log-dir", default=None, help="service logs (default: a temporary directory)")
+    p.add_argument("--log-dir", default=None,
+                   help="service logs (default: a temporary folder, removed after a clean stop)")
     p.add_argument("--max-model-len", type=int, default=8192)
 
 
@@ -115,4 +116,7 @@ def run(args: argparse.Namespace) -> int:
             break
     log.info("stopping every service")
     stack.stop()
+    if args.log_dir is None and rc == 0:  # our temporary log folder; kept when something failed
+        import shutil
+        shutil.rmtree(stack.log_dir, ignore_errors=True)
     return rc
