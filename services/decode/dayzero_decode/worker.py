@@ -133,6 +133,8 @@ class DecodeWorker:
         lease_id = uuid.uuid4().hex
         seconds = lease_seconds if lease_seconds > 0 else self.lease_seconds
         self.leases[lease_id] = Lease(request_id, lease_id, prompt_tokens, time.monotonic() + seconds)
+        if self.receiver is not None:
+            self.receiver.expect(request_id, lease_id)
         return transfer_pb2.KVAllocation(
             request_id=request_id, lease_id=lease_id, num_tokens=prompt_tokens,
             layers=[transfer_pb2.LayerBlocks(block_ids=b) for b in alloc.layer_blocks],
@@ -197,6 +199,8 @@ class DecodeWorker:
         lease = self.leases.pop(lease_id, None)
         if lease is None:
             return
+        if not lease.landed and self.receiver is not None:
+            self.receiver.forget(lease.request_id, lease_id)
         self.engine.free(lease.request_id)
         if expired:
             self.metrics.leases_expired.inc()
@@ -213,6 +217,8 @@ class DecodeWorker:
             if lease is None or lease.request_id != request_id:
                 log.info("KV landed for unknown lease %s (%s): ignored", lease_id, request_id)
                 continue
+            if not lease.landed and self.receiver is not None:
+                self.receiver.forget(request_id, lease_id)
             lease.landed = True
             lease.expires_at = time.monotonic() + self.lease_seconds
             for cb in lease.waiters:

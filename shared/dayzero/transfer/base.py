@@ -189,5 +189,11 @@ class KVReceiver(abc.ABC):
     def poll_landed(self) -> list[tuple[str, str]]:
         ...
 
+    def expect(self, request_id: str, lease_id: str) -> None:
+        """A sender will write this lease soon (a receiver may poll harder until ``forget``)."""
+
+    def forget(self, request_id: str, lease_id: str) -> None:
+        """The lease is no longer expected (landed, released or expired)."""
+
     def close(self) -> None:
         pass

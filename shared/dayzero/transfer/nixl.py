@@ -9,6 +9,7 @@ transfer request and attaches a notification naming the request, which the recei
 
 from __future__ import annotations
 
+import collections
 import logging
 import os
 import socket
@@ -54,16 +55,28 @@ def _make_agent(name: str, memory: KVMemory):
 
 
 class NixlReceiver(KVReceiver):
-    """Registers the local pools with NIXL and turns notifications into landed requests."""
+    """Registers the local pools with NIXL and turns notifications into landed requests.
+
+    A small progress thread polls the agent every millisecond while transfers are expected
+    (``expect``/``forget``), so writes that need the target's progress (UCX over TCP) move even
+    while the owner is busy, e.g. inside a decode step; idle, it polls twice a second.
+    """
 
     name = "nixl"
 
-    def __init__(self, memory: KVMemory, role: str = "decode"):
+    def __init__(self, memory: KVMemory, role: str = "decode", poll_seconds: float = 0.001):
         super().__init__(memory)
         self.agent_name = agent_name(role)
         self._agent, self._reg = _make_agent(self.agent_name, memory)
         self._metadata = self._agent.get_agent_metadata()
         self._lock = threading.Lock()
+        self._landed: collections.deque[tuple[str, str]] = collections.deque()
+        self._expected = 0
+        self._wake = threading.Event()
+        self._stop = threading.Event()
+        self._poll_seconds = poll_seconds
+        self._thread = threading.Thread(target=self._progress, name="nixl-receiver", daemon=True)
+        self._thread.start()
 
     def info(self) -> transfer_pb2.KVReceiverInfo:
         return transfer_pb2.KVReceiverInfo(
@@ -71,20 +84,48 @@ class NixlReceiver(KVReceiver):
             agent_metadata=self._metadata, memory_type=self.memory.memory_type,
             regions=[p.to_proto() for p in self.memory.pools])
 
-    def poll_landed(self) -> list[tuple[str, str]]:
+    def expect(self, request_id: str, lease_id: str) -> None:
+        with self._lock:
+            self._expected += 1
+        self._wake.set()
+
+    def forget(self, request_id: str, lease_id: str) -> None:
+        with self._lock:
+            self._expected = max(0, self._expected - 1)
+
+    def _poll(self) -> None:
         with self._lock:
             notifs = self._agent.get_new_notifs()
-        out = []
         for msgs in notifs.values():
             for m in msgs:
                 tag = parse_landed_tag(m)
                 if tag is None:
                     log.warning("ignoring unknown NIXL notification %r", m[:64])
                 else:
-                    out.append(tag)
+                    self._landed.append(tag)
+
+    def _progress(self) -> None:
+        while not self._stop.is_set():
+            try:
+                self._poll()
+            except Exception:  # noqa: BLE001 - keep progressing; the owner sees missing landings
+                log.exception("NIXL notification poll failed")
+            if self._expected:
+                time.sleep(self._poll_seconds)
+            else:
+                self._wake.wait(0.5)
+                self._wake.clear()
+
+    def poll_landed(self) -> list[tuple[str, str]]:
+        out = []
+        while self._landed:
+            out.append(self._landed.popleft())
         return out
 
     def close(self) -> None:
+        self._stop.set()
+        self._wake.set()
+        self._thread.join(timeout=2)
         with self._lock:
             try:
                 self._agent.deregister_memory(self._reg)
