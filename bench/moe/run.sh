@@ -3,6 +3,8 @@
 # then the end-to-end engine runs (HF comparison at 2048 tokens, `dayzero bench prefill|decode`).
 # Writes under $OUT: moe.log, moe-kernels.json, e2e-hf-20b.json, bench-{prefill,decode}-<model>.json.
 # MOE_STEPS selects steps (default: all): tests,kernels,e2e,prefill20,decode20,prefill120,decode120.
+# .devmeta/ is git-excluded: name it in the device call's `carry` so the results record the commit
+# (runs 1-3 did not: their JSON says "HEAD"/"unknown"; bench/NOTES.md maps them to commits).
 set -u
 cd "$(dirname "$0")/../.."
 export PYTHONPATH="shared${PYTHONPATH:+:$PYTHONPATH}" PYTHONUNBUFFERED=1 NCCL_NVLS_ENABLE=0
