@@ -3,7 +3,7 @@
 
 Pipeline for T tokens, top-k, E experts, hidden H, expert width I (P = T * k pairs):
   1. align: sort pairs by expert, pad each expert's run to the M block (triton_moe_align).
-  2. gate_up GEMM grouped over experts, A rows gathered by token (no gathered copy of x), epilogue
+  2. gate_up GEMM grouped over experts (A = x rows of the sorted pairs), epilogue
      ``+ b1``, clamped SwiGLU on the interleaved gate/up columns -> h [Mpad, I].
   3. down GEMM over h (sorted rows), epilogue ``(+ b2) * routing weight``, rows scattered back to
      pair order -> y [P, H] bf16.
@@ -11,8 +11,9 @@ Pipeline for T tokens, top-k, E experts, hidden H, expert width I (P = T * k pai
 Expert parallel: ``experts.derived["expert_offset"]`` is the first global id of the local slice;
 routes to other ranks' experts are skipped (the caller all-reduces over EP ranks).
 Two paths (kernel in triton_moe_gemm):
-  * large M (prefill): x quantized per token 1x128 once; FP8 x FP8 tensor-core GEMMs with
-    per-128-K-step block scaling; h is quantized to FP8 (1x128) inside the gate_up epilogue.
+  * large M (prefill): x quantized 1x128 straight into the expert-sorted row order (so gate_up
+    reads A, like B, by TMA); FP8 x FP8 tensor-core GEMMs with per-128-K-step block scaling; h is
+    quantized to FP8 (1x128) inside the gate_up epilogue (tile N = 256 = one 128-wide h group).
   * small M (decode, bandwidth bound): bf16 activations x FP8 weights widened in registers; h stays
     bf16. Every touched expert's weights are read once per N tile.
 """
