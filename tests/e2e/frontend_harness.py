@@ -66,6 +66,7 @@ class RouterUnderTest:
     scripted: bool
     control_url: str | None = None
     proc: subprocess.Popen | None = None
+    on_stop: "object | None" = None  # a callable that stops a real stack started for the test
 
     def script(self, *scripts: dict) -> None:
         if self.scripted:
@@ -92,6 +93,8 @@ class RouterUnderTest:
     def stop(self) -> None:
         if self.proc is not None:
             _stop(self.proc)
+        if self.on_stop is not None:
+            self.on_stop()
 
 
 def start_scripted_router() -> RouterUnderTest:
@@ -104,10 +107,25 @@ def start_scripted_router() -> RouterUnderTest:
     return RouterUnderTest(f"127.0.0.1:{ports['grpc']}", True, f"http://127.0.0.1:{ports['http']}", proc)
 
 
-def router_under_test() -> RouterUnderTest:
+def start_real_stack(model_dir: str, log_dir: Path) -> RouterUnderTest:
+    """The real router, prefill and decode workers (tiny model, NIXL, redis-server when installed)."""
+    from dayzero.serving.stack import LocalStack, StackConfig
+
+    mml = ["--max-model-len", str(MAX_MODEL_LEN)]
+    stack = LocalStack(StackConfig(model_dir=str(model_dir), with_frontend=False, transport="nixl",
+                                   prefill_args=mml, decode_args=mml, log_dir=str(log_dir))).start()
+    return RouterUnderTest(stack.router_address, scripted=False, on_stop=stack.stop)
+
+
+def router_under_test(kind: str = "scripted", model_dir: str | None = None,
+                      log_dir: Path | None = None) -> RouterUnderTest:
+    """``kind``: "scripted" (the test double) or "stack" (the real services on ``model_dir``).
+    ``DAYZERO_E2E_ROUTER=HOST:PORT`` points both at an already running router instead."""
     address = os.environ.get("DAYZERO_E2E_ROUTER")
     if address:
         return RouterUnderTest(address, scripted=False)
+    if kind == "stack":
+        return start_real_stack(model_dir, log_dir)
     return start_scripted_router()
 
 

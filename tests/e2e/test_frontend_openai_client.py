@@ -1,8 +1,9 @@
 """The official openai client (sync/async, stream/non-stream) against the real frontend process.
 
 The router side is the scripted router TEST DOUBLE (a real gRPC server answering from scripts of
-Harmony token ids). Set ``DAYZERO_E2E_ROUTER=HOST:PORT`` to run the same tests against a real
-router: then only the shape of each answer is checked (a tiny random model writes random text).
+Harmony token ids), and then the whole real stack (router, prefill and decode workers on the tiny
+random model): there only the shape of each answer is checked (a random model writes random text).
+``DAYZERO_E2E_ROUTER=HOST:PORT`` points the suite at an already running router instead.
 """
 
 from __future__ import annotations
@@ -39,11 +40,12 @@ class Stack:
         return {"chunks": [ids[i:i + size] for i in range(0, len(ids), size)]}
 
 
-@pytest.fixture(scope="module")
-def stack(tmp_path_factory):
+@pytest.fixture(scope="module", params=["scripted", "stack"])
+def stack(request, tmp_path_factory):
     tmp = tmp_path_factory.mktemp("frontend-client")
     vocab = fh.vocab_dir(tmp_path_factory.getbasetemp())
-    router = fh.router_under_test()
+    model_dir = request.getfixturevalue("make_ckpt")("tiny") if request.param == "stack" else None
+    router = fh.router_under_test(request.param, model_dir, tmp)
     try:
         frontend = fh.start_frontend(router.address, tmp, vocab)
     except Exception:
