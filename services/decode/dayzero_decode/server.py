@@ -1,5 +1,5 @@
-"""gRPC face of the decode worker: Decode (Allocate/Generate/Release), Worker.GetLoad, KVTransfer
-(grpc transport only) and grpc.health.v1, on one asyncio server."""
+"""gRPC face of the decode worker: Decode (Allocate/Generate/Release). On the same asyncio server:
+KVTransfer (grpc transport only), and Worker.GetLoad and grpc.health.v1 from ``dayzero.serving.worker_main``."""
 
 from __future__ import annotations
 
@@ -10,7 +10,7 @@ import time
 import grpc
 
 from dayzero.kvcache import KVCacheFullError
-from dayzero.rpc.v1 import common_pb2, decode_pb2, decode_pb2_grpc, worker_pb2_grpc
+from dayzero.rpc.v1 import common_pb2, decode_pb2, decode_pb2_grpc
 from dayzero.runtime.engine import StepOutput
 from dayzero.serving.protocol import FINISH, sampling_from_proto, token_logprob
 
@@ -130,11 +130,3 @@ class DecodeServicer(decode_pb2_grpc.DecodeServicer):
                 if request.lease_id:
                     self.worker.call(lambda: self.worker.release(rid, request.lease_id))
                 self.worker.metrics.requests.labels("abort", "disaggregated" if request.lease_id else "local").inc()
-
-
-class WorkerServicer(worker_pb2_grpc.WorkerServicer):
-    def __init__(self, worker: DecodeWorker):
-        self.worker = worker
-
-    async def GetLoad(self, request, context):
-        return self.worker.load

@@ -1,4 +1,5 @@
-"""gRPC face of the prefill worker: Prefill, Worker.GetLoad and grpc.health.v1."""
+"""gRPC face of the prefill worker: the Prefill service (Worker.GetLoad and grpc.health.v1 come from
+``dayzero.serving.worker_main``)."""
 
 from __future__ import annotations
 
@@ -7,7 +8,7 @@ import logging
 
 import grpc
 
-from dayzero.rpc.v1 import prefill_pb2_grpc, worker_pb2_grpc
+from dayzero.rpc.v1 import prefill_pb2_grpc
 from dayzero.serving.protocol import sampling_from_proto
 from dayzero.transfer import IncompatiblePeer, TransferError
 
@@ -62,11 +63,3 @@ class PrefillServicer(prefill_pb2_grpc.PrefillServicer):
             await context.abort(grpc.StatusCode.INTERNAL, f"prefill failed: {type(e).__name__}: {e}")
         m.requests.labels("ok").inc()
         return resp
-
-
-class WorkerServicer(worker_pb2_grpc.WorkerServicer):
-    def __init__(self, worker: PrefillWorker):
-        self.worker = worker
-
-    async def GetLoad(self, request, context):
-        return self.worker.load

@@ -10,9 +10,7 @@ import argparse
 import asyncio
 import sys
 
-import grpc
-
-from dayzero.serving.grpc_util import SERVER_OPTIONS, add_health, install_stop_handlers, set_serving, setup_logging
+from dayzero.serving.grpc_util import GrpcServer, setup_logging, wait_for_stop
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -54,15 +52,12 @@ async def serve(args) -> int:
     config = RouterConfig(disagg_threshold=args.disagg_threshold, allocate_timeout=args.allocate_timeout,
                           prefill_timeout=args.prefill_timeout, token_timeout=args.token_timeout,
                           kv_wait_seconds=args.kv_wait_seconds)
-    server = grpc.aio.server(options=SERVER_OPTIONS)
-    router_pb2_grpc.add_RouterServicer_to_server(RouterServicer(view, config, metrics), server)
+    server = GrpcServer(["dayzero.rpc.v1.Router"])
+    router_pb2_grpc.add_RouterServicer_to_server(RouterServicer(view, config, metrics), server.server)
     if isinstance(registry, InProcessRegistry):
-        worker_pb2_grpc.add_RegistryServicer_to_server(RegistryServicer(registry), server)
-    health = add_health(server, [])
-    if server.add_insecure_port(f"{args.host}:{args.port}") == 0:
-        log.error("cannot bind gRPC port %s:%d", args.host, args.port)
+        worker_pb2_grpc.add_RegistryServicer_to_server(RegistryServicer(registry), server.server)
+    if not await server.start(args.host, args.port, log):
         return 2
-    await server.start()
     view.start()
 
     def ready() -> tuple[bool, str]:
@@ -82,14 +77,11 @@ async def serve(args) -> int:
                 for role in ("prefill", "decode")}
 
     http = HealthServer(args.host, args.http_port, metrics.registry, ready, "router", {"/workers": workers}).start()
-    await set_serving(health, ["dayzero.rpc.v1.Router"], True)
+    await server.set_serving(True)
     log.info("router serving on %s:%d (HTTP %d), registry %s, disaggregation threshold %d tokens",
              args.host, args.port, http.port, registry.url, args.disagg_threshold)
-    stop = asyncio.Event()
-    install_stop_handlers(stop)
-    await stop.wait()
-    log.info("stopping")
-    await set_serving(health, ["dayzero.rpc.v1.Router"], False)
+    await wait_for_stop(log)
+    await server.set_serving(False)
     await server.stop(2)
     await view.close()
     http.stop()

@@ -34,6 +34,30 @@ async def set_serving(servicer, services: list[str], serving: bool) -> None:
         await servicer.set(name, status)
 
 
+class GrpcServer:
+    """A grpc.aio server (SERVER_OPTIONS) with grpc.health.v1, whose ``services`` (full gRPC service
+    names) turn SERVING / NOT_SERVING together with the server's overall status."""
+
+    def __init__(self, services: list[str]):
+        self.server = grpc.aio.server(options=SERVER_OPTIONS)
+        self.services = list(services)
+        self.health = add_health(self.server, self.services)
+
+    async def start(self, host: str, port: int, log: logging.Logger) -> bool:
+        """Bind ``host:port`` and start; False (logged on ``log``) when the port cannot be bound."""
+        if self.server.add_insecure_port(f"{host}:{port}") == 0:
+            log.error("cannot bind gRPC port %s:%d", host, port)
+            return False
+        await self.server.start()
+        return True
+
+    async def set_serving(self, serving: bool) -> None:
+        await set_serving(self.health, self.services, serving)
+
+    async def stop(self, grace: float = 2.0) -> None:
+        await self.server.stop(grace)
+
+
 def install_stop_handlers(stop: asyncio.Event) -> None:
     """SIGTERM / SIGINT set ``stop`` (graceful shutdown of the asyncio main)."""
     loop = asyncio.get_running_loop()
@@ -42,6 +66,14 @@ def install_stop_handlers(stop: asyncio.Event) -> None:
             loop.add_signal_handler(sig, stop.set)
         except (NotImplementedError, RuntimeError):
             pass
+
+
+async def wait_for_stop(log: logging.Logger) -> None:
+    """Return once SIGTERM or SIGINT arrives (logging "stopping")."""
+    stop = asyncio.Event()
+    install_stop_handlers(stop)
+    await stop.wait()
+    log.info("stopping")
 
 
 def setup_logging(service: str, level: str = "INFO") -> logging.Logger:
