@@ -9,7 +9,6 @@ The prefill worker runs with small chunks and a per-chunk delay (a fault-injecti
 from __future__ import annotations
 
 import json
-import random
 import threading
 import time
 import urllib.request
@@ -17,59 +16,36 @@ import urllib.request
 import grpc
 import pytest
 
+import stack_harness as sh
 from dayzero.registry import open_registry
-from dayzero.rpc.v1 import common_pb2, router_pb2, router_pb2_grpc, worker_pb2, worker_pb2_grpc
-from dayzero.serving.launch import redis_server_binary
-from dayzero.serving.stack import LocalStack, StackConfig
+from dayzero.rpc.v1 import common_pb2, router_pb2
 
 pytestmark = [pytest.mark.e2e, pytest.mark.timeout(900)]
 
 THRESHOLD = 64
 MAX_MODEL_LEN = 4096
-VOCAB = 201088
 LONG = 400              # tokens: ~13 chunks of 32 with 0.15 s each on the prefill worker
 
 
 @pytest.fixture(scope="module")
 def stack(make_ckpt, tmp_path_factory):
-    if redis_server_binary() is None:
-        pytest.fail("redis-server is not installed (scripts/test installs it; apt-get install redis-server)")
-    from dayzero.vocab import resolve_vocab
-
-    tmp = tmp_path_factory.mktemp("faults")
-    vocab = resolve_vocab(cache_dir=tmp, allow_download=False).folder
-    mml = ["--max-model-len", str(MAX_MODEL_LEN)]
-    config = StackConfig(
-        model_dir=make_ckpt("tiny"), transport="nixl", disagg_threshold=THRESHOLD, use_redis=True,
-        prefill_args=[*mml, "--chunk-size", "32", "--fault-chunk-delay", "0.15"],
-        decode_args=[*mml, "--num-kv-blocks", "512", "--lease-seconds", "8", "--kv-wait-seconds", "10"],
-        router_args=["--prefill-timeout", "30", "--token-timeout", "15"],
-        frontend_args=["--vocab-dir", str(vocab), "--offline", "--model-name", "tiny", *mml], log_dir=str(tmp))
-    s = LocalStack(config).start()
+    s = sh.start_stack(make_ckpt("tiny"), tmp_path_factory.mktemp("faults"), threshold=THRESHOLD,
+                       max_model_len=MAX_MODEL_LEN, prefill_args=["--chunk-size", "32", "--fault-chunk-delay", "0.15"],
+                       decode_args=["--num-kv-blocks", "512", "--lease-seconds", "8", "--kv-wait-seconds", "10"],
+                       router_args=["--prefill-timeout", "30", "--token-timeout", "15"])
     yield s
     s.stop()
 
 
 @pytest.fixture(scope="module")
 def router(stack):
-    channel = grpc.insecure_channel(stack.router_address)
-    yield router_pb2_grpc.RouterStub(channel)
-    channel.close()
-
-
-def _prompt(n: int, seed: int) -> list[int]:
-    rng = random.Random(seed)
-    return [rng.randrange(VOCAB) for _ in range(n)]
+    with sh.router_stub(stack) as stub:
+        yield stub
 
 
 def _request(rid: str, n: int, max_tokens: int) -> router_pb2.GenerateRequest:
-    return router_pb2.GenerateRequest(request_id=rid, prompt_token_ids=_prompt(n, hash(rid) & 0xFFFF),
+    return router_pb2.GenerateRequest(request_id=rid, prompt_token_ids=sh.random_prompt(n, hash(rid) & 0xFFFF),
                                       sampling=common_pb2.SamplingParams(max_tokens=max_tokens, ignore_eos=True))
-
-
-def _load(stack, name: str) -> worker_pb2.WorkerLoad:
-    with grpc.insecure_channel(f"127.0.0.1:{stack.workers[name].grpc_port}") as ch:
-        return worker_pb2_grpc.WorkerStub(ch).GetLoad(worker_pb2.LoadRequest(), timeout=5)
 
 
 def _wait(cond, timeout: float, what: str):
@@ -84,10 +60,7 @@ def _wait(cond, timeout: float, what: str):
 
 
 def _free(stack, names: list[str], timeout: float = 20.0) -> None:
-    def check():
-        loads = {n: _load(stack, n) for n in names}
-        return all(l.kv_blocks_used == 0 and l.open_leases == 0 and l.running_requests == 0 for l in loads.values())
-    _wait(check, timeout, f"0 KV blocks held on {names}")
+    _wait(lambda: sh.all_free(sh.worker_load(stack, n) for n in names), timeout, f"0 KV blocks held on {names}")
 
 
 def _router_workers(stack) -> dict:
@@ -124,7 +97,7 @@ def test_client_disconnect_mid_stream_frees_blocks(stack, router):
             if len(seen) == 3:
                 break
         assert seen[0].route == route
-        assert _load(stack, "decode-0").kv_blocks_used > 0
+        assert sh.worker_load(stack, "decode-0").kv_blocks_used > 0
         call.cancel()
         _free(stack, ["decode-0", "prefill-0"])
 
@@ -132,8 +105,8 @@ def test_client_disconnect_mid_stream_frees_blocks(stack, router):
 def test_client_disconnect_during_prefill_frees_both_sides(stack, router):
     call = router.Generate(_request("disc-prefill", LONG, max_tokens=8), timeout=120)
     t, box = _in_background(lambda: list(call))
-    _wait(lambda: _load(stack, "prefill-0").running_requests == 1, 20, "the prefill to start")
-    assert _load(stack, "decode-0").open_leases == 1
+    _wait(lambda: sh.worker_load(stack, "prefill-0").running_requests == 1, 20, "the prefill to start")
+    assert sh.worker_load(stack, "decode-0").open_leases == 1
     call.cancel()
     t.join(10)
     assert isinstance(box.get("error"), grpc.RpcError) and box["error"].code() == grpc.StatusCode.CANCELLED
@@ -143,7 +116,7 @@ def test_client_disconnect_during_prefill_frees_both_sides(stack, router):
 def test_frontend_stream_disconnect_frees_blocks(stack):
     httpx = pytest.importorskip("httpx")
     # greedy (temperature 0): a sampled stop id cannot end this stream early
-    body = {"model": "tiny", "prompt": _prompt(LONG // 4, 7), "max_tokens": 2000, "stream": True, "ignore_eos": True,
+    body = {"model": "tiny", "prompt": sh.random_prompt(LONG // 4, 7), "max_tokens": 2000, "stream": True, "ignore_eos": True,
             "temperature": 0}
     with httpx.Client(base_url=stack.frontend_url, timeout=60) as client:
         with client.stream("POST", "/v1/completions", json=body) as resp:
@@ -155,14 +128,14 @@ def test_frontend_stream_disconnect_frees_blocks(stack):
                 if len(events) == 3:
                     break
             # still streaming: the blocks are held
-            assert _load(stack, "decode-0").kv_blocks_used > 0, events
+            assert sh.worker_load(stack, "decode-0").kv_blocks_used > 0, events
     _free(stack, ["decode-0", "prefill-0"])
 
 
 def test_kill_prefill_mid_request_gives_a_clear_error_and_frees_the_lease(stack, router):
     call = router.Generate(_request("kill-prefill", LONG, max_tokens=8), timeout=60)
     t, box = _in_background(lambda: list(call))
-    _wait(lambda: _load(stack, "prefill-0").running_requests == 1, 20, "the prefill to start")
+    _wait(lambda: sh.worker_load(stack, "prefill-0").running_requests == 1, 20, "the prefill to start")
     t0 = time.monotonic()
     stack.workers["prefill-0"].process.kill9()
     t.join(30)
@@ -185,7 +158,7 @@ def test_kill_one_of_two_prefill_workers_the_other_answers_correctly(stack, rout
     _wait_router_sees(stack, "prefill-1")
     call = router.Generate(_request("two-prefills", LONG, 4), timeout=60)
     t, box = _in_background(lambda: list(call))
-    busy = _wait(lambda: [n for n in ("prefill-0", "prefill-1") if _load(stack, n).running_requests == 1], 20,
+    busy = _wait(lambda: [n for n in ("prefill-0", "prefill-1") if sh.worker_load(stack, n).running_requests == 1], 20,
                  "one prefill worker to start")
     stack.workers[busy[0]].process.kill9()
     t.join(60)
@@ -204,7 +177,7 @@ def test_kill_one_of_two_prefill_workers_the_other_answers_correctly(stack, rout
 
 def test_kill_decode_mid_stream_ends_the_stream_with_an_error(stack, router):
     httpx = pytest.importorskip("httpx")
-    body = {"model": "tiny", "prompt": _prompt(LONG // 4, 11), "max_tokens": 3000, "stream": True, "temperature": 0,
+    body = {"model": "tiny", "prompt": sh.random_prompt(LONG // 4, 11), "max_tokens": 3000, "stream": True, "temperature": 0,
             "ignore_eos": True}
     events = []
     t0 = None
@@ -250,11 +223,11 @@ def test_lease_expires_when_the_kv_never_arrives(stack):
         a = decode.Allocate(decode_pb2.AllocateRequest(request_id="orphan", prompt_tokens=300, lease_seconds=0.5),
                             timeout=10).allocation
         assert len(a.layers) == 2 and a.lease_id
-        assert _load(stack, "decode-0").open_leases == 1
+        assert sh.worker_load(stack, "decode-0").open_leases == 1
         _free(stack, ["decode-0"], timeout=10)  # nobody wrote the KV: the lease ends by itself
         with pytest.raises(grpc.RpcError) as e:  # a late Generate on it gets a clear answer
             list(decode.Generate(decode_pb2.DecodeRequest(
-                request_id="orphan", prompt_token_ids=_prompt(300, 1), lease_id=a.lease_id, first_token_id=1,
+                request_id="orphan", prompt_token_ids=sh.random_prompt(300, 1), lease_id=a.lease_id, first_token_id=1,
                 sampling=common_pb2.SamplingParams(max_tokens=2)), timeout=10))
         assert e.value.code() == grpc.StatusCode.NOT_FOUND and "expired" in e.value.details()
     url = f"http://127.0.0.1:{stack.workers['decode-0'].http_port}/metrics"
@@ -288,7 +261,7 @@ def test_backpressure_when_every_decode_worker_is_full(stack, router):
                 assert e.value.code() == grpc.StatusCode.RESOURCE_EXHAUSTED, e.value.details()
                 assert "full" in e.value.details()
             r = httpx.post(stack.frontend_url + "/v1/completions",
-                           json={"model": "tiny", "prompt": _prompt(LONG, 3), "max_tokens": 3}, timeout=30)
+                           json={"model": "tiny", "prompt": sh.random_prompt(LONG, 3), "max_tokens": 3}, timeout=30)
             assert r.status_code == 503, r.text
         finally:
             for a in leases:

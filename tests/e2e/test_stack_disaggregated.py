@@ -10,22 +10,18 @@ decode worker (KV over NIXL on host memory), and the OpenAI frontend.
 from __future__ import annotations
 
 import concurrent.futures
-import random
 import time
 
-import grpc
 import pytest
 
-from dayzero.rpc.v1 import common_pb2, router_pb2, router_pb2_grpc, worker_pb2, worker_pb2_grpc
-from dayzero.serving.launch import redis_server_binary
-from dayzero.serving.stack import LocalStack, StackConfig
+import stack_harness as sh
+from dayzero.rpc.v1 import common_pb2, router_pb2, worker_pb2
 
 pytestmark = [pytest.mark.e2e, pytest.mark.timeout(900)]
 
 THRESHOLD = 64          # prompts with fewer tokens are prefilled on the decode worker
 MAX_MODEL_LEN = 4096
 LENGTHS = [1, 2, 3, 7, 15, 16, 17, 31, 33, 63, 64, 65, 100, 128, 129, 200, 257, 333, 480, 600]
-VOCAB = 201088
 
 
 @pytest.fixture(scope="module")
@@ -35,32 +31,16 @@ def ckpt(make_ckpt):
 
 @pytest.fixture(scope="module")
 def stack(ckpt, tmp_path_factory):
-    if redis_server_binary() is None:
-        pytest.fail("redis-server is not installed (scripts/test installs it; apt-get install redis-server)")
-    from dayzero.vocab import resolve_vocab
-
-    tmp = tmp_path_factory.mktemp("stack")
-    vocab = resolve_vocab(cache_dir=tmp, allow_download=False).folder
-    mml = ["--max-model-len", str(MAX_MODEL_LEN)]
-    config = StackConfig(model_dir=ckpt, transport="nixl", disagg_threshold=THRESHOLD, use_redis=True,
-                         prefill_args=[*mml, "--chunk-size", "256"], decode_args=[*mml, "--num-kv-blocks", "1024"],
-                         frontend_args=["--vocab-dir", str(vocab), "--offline", "--model-name", "tiny", *mml],
-                         log_dir=str(tmp))
-    s = LocalStack(config).start()
+    s = sh.start_stack(ckpt, tmp_path_factory.mktemp("stack"), threshold=THRESHOLD, max_model_len=MAX_MODEL_LEN,
+                       prefill_args=["--chunk-size", "256"], decode_args=["--num-kv-blocks", "1024"])
     yield s
     s.stop()
 
 
 @pytest.fixture(scope="module")
 def router(stack):
-    channel = grpc.insecure_channel(stack.router_address)
-    yield router_pb2_grpc.RouterStub(channel)
-    channel.close()
-
-
-def _prompt(n: int, seed: int) -> list[int]:
-    rng = random.Random(seed)
-    return [rng.randrange(VOCAB) for _ in range(n)]
+    with sh.router_stub(stack) as stub:
+        yield stub
 
 
 def _generate(router, rid: str, prompt: list[int], max_tokens: int, timeout: float = 120):
@@ -72,18 +52,14 @@ def _generate(router, rid: str, prompt: list[int], max_tokens: int, timeout: flo
 
 
 def _loads(stack) -> dict[str, worker_pb2.WorkerLoad]:
-    out = {}
-    for name, svc in stack.workers.items():
-        with grpc.insecure_channel(f"127.0.0.1:{svc.grpc_port}") as ch:
-            out[name] = worker_pb2_grpc.WorkerStub(ch).GetLoad(worker_pb2.LoadRequest(), timeout=5)
-    return out
+    return {name: sh.worker_load(stack, name) for name in stack.workers}
 
 
 def _wait_all_free(stack, timeout: float = 20.0) -> dict[str, worker_pb2.WorkerLoad]:
     deadline = time.monotonic() + timeout
     while True:
         loads = _loads(stack)
-        if all(l.kv_blocks_used == 0 and l.open_leases == 0 and l.running_requests == 0 for l in loads.values()):
+        if sh.all_free(loads.values()):
             return loads
         if time.monotonic() > deadline:
             return loads
@@ -95,7 +71,7 @@ def test_greedy_matches_single_process_engine_on_both_routes(stack, router, ckpt
     from dayzero.runtime.sampling import SamplingParams
 
     max_tokens = 4
-    prompts = [_prompt(n, seed=n) for n in LENGTHS]
+    prompts = [sh.random_prompt(n, seed=n) for n in LENGTHS]
     got, routes = [], []
     for i, p in enumerate(prompts):
         tokens, msgs = _generate(router, f"eq-{i}", p, max_tokens)
@@ -145,7 +121,7 @@ def test_32_concurrent_streams_complete_and_free_every_block(stack, router):
     lengths = [5 + (i * 37) % 250 for i in range(n)]  # both routes
 
     def one(i: int):
-        tokens, msgs = _generate(router, f"conc-{i}", _prompt(lengths[i], seed=1000 + i), max_tokens=6, timeout=300)
+        tokens, msgs = _generate(router, f"conc-{i}", sh.random_prompt(lengths[i], seed=1000 + i), max_tokens=6, timeout=300)
         return len(tokens), msgs[0].route, msgs[-1].finish_reason
 
     with concurrent.futures.ThreadPoolExecutor(n) as pool:
