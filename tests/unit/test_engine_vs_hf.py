@@ -10,28 +10,12 @@ from __future__ import annotations
 import pytest
 import torch
 
-from dayzero.config import ModelConfig, preset
+from hf_cases import CONFIGS, MICRO, TOL, rel_err
 from dayzero.kvcache import KVCacheManager, KVCacheSpec
 from dayzero.runtime.engine import Engine, EngineConfig
 from dayzero.runtime.model_runner import ModelRunner, SeqChunk
 from dayzero.runtime.sampling import SamplingParams
 from dayzero.weights.loader import load_model
-
-TOL = 1e-4
-
-# two tiny configs that differ in layers, experts, top-k (and widths, GQA ratio)
-SMALL_B = ModelConfig(vocab_size=1024, hidden_size=64, intermediate_size=96, num_hidden_layers=4,
-                      num_attention_heads=4, num_key_value_heads=2, head_dim=16, num_local_experts=8,
-                      num_experts_per_tok=2, eos_token_id=1, pad_token_id=0)
-# very small, so that a real > 4096-token prompt stays cheap on CPU
-MICRO = ModelConfig(vocab_size=512, hidden_size=32, intermediate_size=32, num_hidden_layers=2,
-                    num_attention_heads=2, num_key_value_heads=1, head_dim=16, num_local_experts=4,
-                    num_experts_per_tok=2, eos_token_id=1, pad_token_id=0)
-CONFIGS = {"tiny2": preset("tiny2"), "small_b": SMALL_B}
-
-
-def rel_err(a: torch.Tensor, b: torch.Tensor) -> float:
-    return float((a - b).abs().max() / b.abs().max())
 
 
 def _hf(model, ids, **kw):
