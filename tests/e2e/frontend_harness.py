@@ -17,6 +17,8 @@ import sys
 import threading
 import time
 import urllib.request
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -176,6 +178,23 @@ def start_frontend(router_address: str, log_dir: Path, vocab: Path, *extra: str,
             _stop(proc)
             raise RuntimeError(f"frontend /health not up within {timeout_s}s:\n{log_path.read_text()}")
         time.sleep(0.05)
+
+
+@contextmanager
+def frontend_for(router: RouterUnderTest, log_dir: Path, vocab: Path, *extra: str,
+                 env: dict | None = None) -> Iterator[Frontend]:
+    """A started frontend in front of ``router``. On exit both stop; if the frontend does not come
+    up, the router is stopped before the error propagates."""
+    try:
+        frontend = start_frontend(router.address, log_dir, vocab, *extra, env=env)
+    except Exception:
+        router.stop()
+        raise
+    try:
+        yield frontend
+    finally:
+        frontend.stop()
+        router.stop()
 
 
 def harmony_encoding(vocab: Path):

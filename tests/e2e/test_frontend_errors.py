@@ -25,15 +25,9 @@ def env(tmp_path_factory):
     tmp = tmp_path_factory.mktemp("frontend-errors")
     vocab = fh.vocab_dir(tmp_path_factory.getbasetemp())
     router = fh.start_scripted_router()
-    try:
-        frontend = fh.start_frontend(router.address, tmp, vocab, env={"DAYZERO_API_KEY": KEY})
-    except Exception:
-        router.stop()
-        raise
-    with httpx.Client(base_url=frontend.base_url, headers=AUTH, timeout=30) as client:
+    with (fh.frontend_for(router, tmp, vocab, env={"DAYZERO_API_KEY": KEY}) as frontend,
+          httpx.Client(base_url=frontend.base_url, headers=AUTH, timeout=30) as client):
         yield router, frontend, fh.harmony_encoding(vocab), client
-    frontend.stop()
-    router.stop()
 
 
 @pytest.fixture

@@ -46,14 +46,8 @@ def stack(request, tmp_path_factory):
     vocab = fh.vocab_dir(tmp_path_factory.getbasetemp())
     model_dir = request.getfixturevalue("make_ckpt")("tiny") if request.param == "stack" else None
     router = fh.router_under_test(request.param, model_dir, tmp)
-    try:
-        frontend = fh.start_frontend(router.address, tmp, vocab)
-    except Exception:
-        router.stop()
-        raise
-    yield Stack(router, frontend, fh.harmony_encoding(vocab))
-    frontend.stop()
-    router.stop()
+    with fh.frontend_for(router, tmp, vocab) as frontend:
+        yield Stack(router, frontend, fh.harmony_encoding(vocab))
 
 
 @pytest.fixture

@@ -81,15 +81,9 @@ def env(tmp_path_factory):
     tmp = tmp_path_factory.mktemp("frontend-robust")
     vocab = fh.vocab_dir(tmp_path_factory.getbasetemp())
     router = fh.start_scripted_router()
-    try:
-        frontend = fh.start_frontend(router.address, tmp, vocab)
-    except Exception:
-        router.stop()
-        raise
-    with httpx.Client(base_url=frontend.base_url, timeout=30) as client:
+    with (fh.frontend_for(router, tmp, vocab) as frontend,
+          httpx.Client(base_url=frontend.base_url, timeout=30) as client):
         yield router, frontend, fh.harmony_encoding(vocab), client
-    frontend.stop()
-    router.stop()
 
 
 def repaired_count(client: httpx.Client) -> float:
