@@ -45,7 +45,12 @@ class GrpcServer:
 
     async def start(self, host: str, port: int, log: logging.Logger) -> bool:
         """Bind ``host:port`` and start; False (logged on ``log``) when the port cannot be bound."""
-        if self.server.add_insecure_port(f"{host}:{port}") == 0:
+        try:
+            bound = self.server.add_insecure_port(f"{host}:{port}")
+        except RuntimeError as e:  # grpc.aio raises where the sync server returned 0
+            log.error("cannot bind gRPC port %s:%d: %s", host, port, e)
+            return False
+        if bound == 0:
             log.error("cannot bind gRPC port %s:%d", host, port)
             return False
         await self.server.start()
