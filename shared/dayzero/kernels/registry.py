@@ -15,7 +15,8 @@ from typing import Callable
 # backend name -> module(s) that register its ops on import
 _BACKEND_MODULES: dict[str, tuple[str, ...]] = {
     "torch": ("dayzero.kernels.torch_ops", "dayzero.kernels.torch_attention"),
-    "triton": ("dayzero.kernels.triton_attention", "dayzero.kernels.triton_linear", "dayzero.kernels.triton_moe"),
+    "triton": ("dayzero.kernels.triton_attention", "dayzero.kernels.triton_linear", "dayzero.kernels.triton_moe",
+               "dayzero.kernels.triton_norm_rope"),
 }
 
 OP_NAMES = (

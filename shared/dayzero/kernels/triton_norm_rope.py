@@ -1,0 +1,122 @@
+"""Triton backend for ``rms_norm`` and ``rope`` (contracts: kernels/torch_ops.py).
+
+Both are memory-bound one-pass kernels that reproduce the torch reference's rounding points:
+  * ``rms_norm``: one program per row; ``x`` widened to fp32, ``x * rsqrt(mean(x^2) + eps)``, then
+    ``w * that`` in fp32 and one rounding to x.dtype (the reference's order; the only difference is
+    the fp32 summation order of ``mean``).
+  * ``rope``: one program per token rotates every q head and every k head (one launch for both),
+    half-split (NeoX) layout. cos/sin are rounded to q.dtype first and every product and sum is
+    rounded to q.dtype, exactly as the reference's bf16 tensor ops do, so bf16 results are bitwise
+    equal to the reference (a bf16 x bf16 product is exact in fp32; torch's bf16 ops compute in fp32
+    and round once, as here). Outputs are new contiguous tensors.
+No host syncs and no data-dependent shapes: both can be captured in a CUDA graph.
+"""
+
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+
+from .registry import register
+
+
+@triton.jit
+def _rms_norm_kernel(x_ptr, w_ptr, o_ptr, H, stride_xt, stride_ot, eps, BLOCK: tl.constexpr):
+    row = tl.program_id(0).to(tl.int64)
+    cols = tl.arange(0, BLOCK)
+    ok = cols < H
+    x = tl.load(x_ptr + row * stride_xt + cols, mask=ok, other=0.0).to(tl.float32)
+    var = tl.sum(x * x, axis=0) / H
+    w = tl.load(w_ptr + cols, mask=ok, other=0.0).to(tl.float32)
+    y = w * (x * tl.rsqrt(var + eps))
+    tl.store(o_ptr + row * stride_ot + cols, y.to(o_ptr.dtype.element_ty), mask=ok)
+
+
+@register("triton", "rms_norm")
+def rms_norm(x: torch.Tensor, w: torch.Tensor, eps: float) -> torch.Tensor:
+    """``x [T,H]``, ``w [H]`` -> ``[T,H]`` in x.dtype (see the torch op)."""
+    if x.dim() != 2:
+        raise ValueError(f"rms_norm: expected x [T, H], got shape {tuple(x.shape)}")
+    T, H = x.shape
+    if w.shape != (H,):
+        raise ValueError(f"rms_norm: weight shape {tuple(w.shape)} does not match hidden size {H}")
+    if x.stride(1) != 1:
+        x = x.contiguous()
+    w = w.contiguous()
+    out = torch.empty((T, H), dtype=x.dtype, device=x.device)
+    if T == 0:
+        return out
+    block = triton.next_power_of_2(H)
+    warps = 4 if block <= 2048 else 8
+    _rms_norm_kernel[(T,)](x, w, out, H, x.stride(0), out.stride(0), float(eps), BLOCK=block, num_warps=warps)
+    return out
+
+
+@triton.jit
+def _rotate(src_ptr, dst_ptr, t, stride_t, stride_h, nh, c, s,
+            HALF: tl.constexpr, H_P2: tl.constexpr, HALF_P2: tl.constexpr):
+    """Rotate the ``nh`` heads of token ``t``: [H, D] = [x1 | x2] -> [x1*c - x2*s | x2*c + x1*s]."""
+    hh = tl.arange(0, H_P2)[:, None]
+    dd = tl.arange(0, HALF_P2)[None, :]
+    m = (hh < nh) & (dd < HALF)
+    base = src_ptr + t * stride_t + hh * stride_h + dd
+    x1 = tl.load(base, mask=m, other=0.0)
+    x2 = tl.load(base + HALF, mask=m, other=0.0)
+    dt = x1.dtype
+    x1 = x1.to(tl.float32)
+    x2 = x2.to(tl.float32)
+    # every product and sum rounded to the activation dtype, as the reference's tensor ops do
+    a = (x1 * c).to(dt).to(tl.float32)
+    b = (x2 * s).to(dt).to(tl.float32)
+    e = (x2 * c).to(dt).to(tl.float32)
+    f = (x1 * s).to(dt).to(tl.float32)
+    out = dst_ptr + t * (nh * 2 * HALF) + hh * (2 * HALF) + dd        # dst is contiguous [T, nh, D]
+    tl.store(out, (a - b).to(dt), mask=m)
+    tl.store(out + HALF, (e + f).to(dt), mask=m)
+
+
+@triton.jit
+def _rope_kernel(q_ptr, k_ptr, qo_ptr, ko_ptr, cos_ptr, sin_ptr, pos_ptr,
+                 stride_qt, stride_qh, stride_kt, stride_kh, stride_cp, HQ, HKV,
+                 HALF: tl.constexpr, HALF_P2: tl.constexpr, HQ_P2: tl.constexpr, HKV_P2: tl.constexpr):
+    t = tl.program_id(0).to(tl.int64)
+    p = tl.load(pos_ptr + t).to(tl.int64)
+    dd = tl.arange(0, HALF_P2)[None, :]
+    dm = dd < HALF
+    dt = q_ptr.dtype.element_ty
+    c = tl.load(cos_ptr + p * stride_cp + dd, mask=dm, other=0.0).to(dt).to(tl.float32)  # [1, D/2]
+    s = tl.load(sin_ptr + p * stride_cp + dd, mask=dm, other=0.0).to(dt).to(tl.float32)
+    _rotate(q_ptr, qo_ptr, t, stride_qt, stride_qh, HQ, c, s, HALF, HQ_P2, HALF_P2)
+    _rotate(k_ptr, ko_ptr, t, stride_kt, stride_kh, HKV, c, s, HALF, HKV_P2, HALF_P2)
+
+
+@register("triton", "rope")
+def rope(q: torch.Tensor, k: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor,
+         positions: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """q ``[T,Hq,D]``, k ``[T,Hkv,D]``, cos/sin ``[P,D/2]`` fp32, positions ``[T]`` -> new (q, k)."""
+    if q.dim() != 3 or k.dim() != 3 or q.shape[0] != k.shape[0] or q.shape[2] != k.shape[2]:
+        raise ValueError(f"rope: q {tuple(q.shape)} and k {tuple(k.shape)} must be [T, Hq, D] and [T, Hkv, D]")
+    T, Hq, D = q.shape
+    Hkv = k.shape[1]
+    if D % 2 or cos.dim() != 2 or cos.shape[1] != D // 2 or sin.shape != cos.shape:
+        raise ValueError(f"rope: cos {tuple(cos.shape)} / sin {tuple(sin.shape)} must be [P, {D // 2}]")
+    if positions.shape != (T,):
+        raise ValueError(f"rope: positions must be [{T}], got {tuple(positions.shape)}")
+    if k.dtype != q.dtype:
+        raise ValueError(f"rope (triton): q and k must share a dtype, got {q.dtype} and {k.dtype}")
+    if q.stride(2) != 1:
+        q = q.contiguous()
+    if k.stride(2) != 1:
+        k = k.contiguous()
+    cos, sin = cos.contiguous(), sin.contiguous()
+    qo = torch.empty((T, Hq, D), dtype=q.dtype, device=q.device)
+    ko = torch.empty((T, Hkv, D), dtype=k.dtype, device=k.device)
+    if T == 0:
+        return qo, ko
+    half = D // 2
+    _rope_kernel[(T,)](q, k, qo, ko, cos, sin, positions,
+                       q.stride(0), q.stride(1), k.stride(0), k.stride(1), cos.stride(0), Hq, Hkv,
+                       HALF=half, HALF_P2=triton.next_power_of_2(half), HQ_P2=triton.next_power_of_2(Hq),
+                       HKV_P2=triton.next_power_of_2(Hkv), num_warps=4)
+    return qo, ko
