@@ -1,7 +1,7 @@
 """``dayzero bench prefill|decode``: end-to-end timings of the engine's forward pass on this device.
 
     dayzero bench prefill --model 20b --tokens 8192 [--backend triton --dtype fp8 --repeat 5 --breakdown]
-    dayzero bench decode  --model 20b --batch 1,64 --context 1024 --steps 32
+    dayzero bench decode  --model 20b --batch 1,64 --context 1024 --steps 32 [--graphs on|off|both]
 
 ``--model`` is a preset name (``tiny``, ``20b``, ``120b``: random weights generated directly on the
 device with the magnitudes of ``dayzero make-checkpoint``, then quantized by the parameters' own
@@ -9,9 +9,12 @@ loaders) or a checkpoint directory. Prefill = one batch-1 forward over the promp
 its last token, timed with CUDA events after a warm-up, median of ``--repeat``; reported with the
 cost of 1M input tokens at ``--usd-per-gpu-hour``. Decode = steps of one new token for each of
 ``batch`` sequences after a ``--context``-token prefill (host-side batch building and greedy
-argmax included), tokens/s over ``--steps`` steps. ``--breakdown`` times every kernel op call in
-one extra run/step: GPU time with CUDA events and the host time of the Python call (what bounds
-decode without CUDA graphs), keyed by op and, for ``linear``, by weight shape.
+argmax included), tokens/s over ``--steps`` steps; ``--graphs on`` (the default where the engine
+uses them: FP8 on a GPU backend) replays the engine's CUDA graph of the step (captured in the
+untimed warm-up step, for the batch's bucket), ``off`` runs eagerly, ``both`` gives a row of each.
+``--breakdown`` times every kernel op call in one extra eager run/step: GPU time with CUDA events
+and the host time of the Python call (what bounds decode without CUDA graphs), keyed by op and,
+for ``linear``, by weight shape.
 Prints a table and writes JSON (``--json PATH``).
 """
 
@@ -40,7 +43,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--batch", default="1,64", help="decode: comma-separated batch sizes")
     p.add_argument("--context", type=int, default=1024, help="decode: prompt tokens per sequence")
     p.add_argument("--steps", type=int, default=32, help="decode: timed steps")
-    p.add_argument("--breakdown", action="store_true", help="per-op time breakdown (one extra run)")
+    p.add_argument("--breakdown", action="store_true", help="per-op time breakdown (one extra eager run)")
+    p.add_argument("--graphs", choices=("auto", "on", "off", "both"), default="auto",
+                   help="decode: CUDA graphs (auto: where the engine would use them)")
     p.add_argument("--usd-per-gpu-hour", type=float, default=3.0)
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--json", default=None, help="write the results here")
@@ -189,11 +194,14 @@ def bench_prefill(model, tokens: int, repeat: int, breakdown: bool, usd: float, 
     return res
 
 
-def bench_decode(model, batch: int, context: int, steps: int, seed: int, breakdown: bool = False) -> dict:
+def bench_decode(model, batch: int, context: int, steps: int, seed: int, breakdown: bool = False,
+                 graphs: bool = False) -> dict:
+    from dayzero.runtime.cuda_graph import DEFAULT_BUCKETS
     from dayzero.runtime.model_runner import ModelRunner, SeqChunk
 
     kv = _kv(model, batch, context + steps + 2)
-    runner = ModelRunner(model, kv)
+    bucket = next((b for b in DEFAULT_BUCKETS if b >= batch), batch)
+    runner = ModelRunner(model, kv, cuda_graphs=graphs, graph_buckets=(bucket,), max_model_len=context + steps + 2)
     g = torch.Generator().manual_seed(seed)
     seqs = [f"d{i}" for i in range(batch)]
     last = []
@@ -213,16 +221,19 @@ def bench_decode(model, batch: int, context: int, steps: int, seed: int, breakdo
         pos += 1
 
     sync = torch.cuda.synchronize if model.device.type == "cuda" else (lambda: None)
-    step()  # warm-up
+    t0 = time.perf_counter()
+    step()  # warm-up (captures the graph when graphs are on)
     sync()
+    warm = time.perf_counter() - t0
     t0 = time.perf_counter()
     for _ in range(steps):
         step()
     sync()
     dt = (time.perf_counter() - t0) / steps
     res = {"mode": "decode", "batch": batch, "context": context, "steps": steps, "ms_per_step": dt * 1e3,
-           "tokens_per_s": batch / dt, "tokens_per_s_per_seq": 1 / dt}
-    if breakdown and model.device.type == "cuda":
+           "tokens_per_s": batch / dt, "tokens_per_s_per_seq": 1 / dt, "cuda_graphs": graphs,
+           "graph_bucket": bucket if graphs else None, "warmup_s": warm}
+    if breakdown and model.device.type == "cuda" and not graphs:
         timer = OpTimer(model)
         step()
         res["breakdown_ms"] = timer.totals()
@@ -237,6 +248,10 @@ def _print_breakdown(bd: dict | None) -> None:
 def run(args: argparse.Namespace) -> int:
     if args.device.startswith("cuda") and not torch.cuda.is_available():
         print("dayzero bench: error: no CUDA device (use --device cpu --backend torch for a smoke run)", file=sys.stderr)
+        return 2
+    if args.mode == "decode" and args.graphs in ("on", "both") and (not args.device.startswith("cuda")
+                                                                   or args.backend == "torch"):
+        print("dayzero bench: error: --graphs on/both needs --device cuda and a GPU kernel backend", file=sys.stderr)
         return 2
     need = args.tokens + 8 if args.mode == "prefill" else args.context + args.steps + 8
     t0 = time.perf_counter()
@@ -253,12 +268,16 @@ def run(args: argparse.Namespace) -> int:
               f"({r['tokens_per_s']:.0f} tok/s, ${r['usd_per_1m_input_tokens']:.4f} per 1M input tokens)")
         _print_breakdown(r.get("breakdown_ms"))
     else:
+        from dayzero.runtime.model_runner import graphs_by_default
+
+        modes = {"auto": [graphs_by_default(model)], "on": [True], "off": [False], "both": [True, False]}[args.graphs]
         for b in [int(x) for x in args.batch.split(",") if x]:
-            rows.append(bench_decode(model, b, args.context, args.steps, args.seed, args.breakdown))
-            r = rows[-1]
-            print(f"decode {args.model} batch {b} ctx {args.context}: {r['ms_per_step']:.2f} ms/step, "
-                  f"{r['tokens_per_s']:.1f} tok/s")
-            _print_breakdown(r.get("breakdown_ms"))
+            for graphs in modes:
+                rows.append(bench_decode(model, b, args.context, args.steps, args.seed, args.breakdown, graphs))
+                r = rows[-1]
+                print(f"decode {args.model} batch {b} ctx {args.context} {'graph' if graphs else 'eager'}: "
+                      f"{r['ms_per_step']:.2f} ms/step, {r['tokens_per_s']:.1f} tok/s (warm-up {r['warmup_s']:.1f} s)")
+                _print_breakdown(r.get("breakdown_ms"))
     if args.json:
         with open(args.json, "w", encoding="utf-8") as f:
             json.dump({"meta": meta, "rows": rows}, f, indent=1)

@@ -31,6 +31,14 @@ class ForwardBatch:
     slots_full: torch.Tensor            # [T] int64 (-1: do not store)
     slots_sliding: torch.Tensor         # [T] int64 (-1: older than the window, not stored)
     kv_caches: list[tuple[torch.Tensor, torch.Tensor]]  # per layer (k_cache, v_cache) [NB, BS, Hkv, D]
+    # host-known bounds passed to attention ops that take them (not the torch op), so the op needs
+    # no host sync (CUDA graphs): largest new-token count, largest cached length of the batch
+    max_seqlen_q: int | None = None
+    max_seqlen_k: int | None = None
+
+    def attention_hints(self) -> dict[str, int]:
+        return {k: v for k, v in (("max_seqlen_q", self.max_seqlen_q), ("max_seqlen_k", self.max_seqlen_k))
+                if v is not None}
 
 
 class Attention(nn.Module):
@@ -68,7 +76,7 @@ class Attention(nn.Module):
         sliding = self.window > 0
         tables = fb.block_tables_sliding if sliding else fb.block_tables_full
         o = ops.attention(q, k, v, k_cache, v_cache, tables, fb.cu_seqlens_q, fb.cached_lens, self.sinks,
-                          self.scale, self.window)                                   # [T, Hq, D]
+                          self.scale, self.window, **fb.attention_hints())           # [T, Hq, D]
         ops.store_kv(k, v, k_cache, v_cache, fb.slots_sliding if sliding else fb.slots_full)
         y = ops.linear(o.reshape(T, -1), self.o_proj.lw)                            # [T, H] (partial under TP)
         return self.par.reduce(y) if self.par.tp_size > 1 else y

@@ -70,6 +70,8 @@ class EngineConfig:
     max_model_len: int | None = None        # None: the model's max positions
     kv_dtype: torch.dtype | None = None     # None: the model's activation dtype
     max_kv_seqs: int | None = None          # sequences holding sliding rings at once (None: 2 * max_num_seqs)
+    cuda_graphs: bool | None = None         # decode steps replay CUDA graphs; None: on for FP8 + GPU backend on CUDA
+    cuda_graph_buckets: tuple[int, ...] = (1, 2, 4, 8, 16, 32, 64, 128, 256)  # batch sizes captured (<= max_num_seqs used)
 
 
 @dataclass
@@ -109,7 +111,10 @@ class Engine:
         spec = KVCacheSpec.from_model(self.cfg, c.block_size, c.kv_dtype or model.act_dtype,
                                       num_kv_heads=self.cfg.num_key_value_heads // model.parallel.tp_size)
         self.kv = KVCacheManager(spec, num_blocks, max_seqs=c.max_kv_seqs or 2 * c.max_num_seqs, device=model.device)
-        self.runner = ModelRunner(model, self.kv)
+        buckets = [b for b in c.cuda_graph_buckets if b < c.max_num_seqs]
+        buckets.append(min([b for b in c.cuda_graph_buckets if b >= c.max_num_seqs] or [c.max_num_seqs]))
+        self.runner = ModelRunner(model, self.kv, cuda_graphs=c.cuda_graphs, graph_buckets=buckets,
+                                  max_model_len=self.max_model_len)
         self.scheduler = Scheduler(self.kv, c.max_num_seqs, c.max_num_batched_tokens)
         self.sampler = Sampler()
         self.requests: dict[str, Request] = {}

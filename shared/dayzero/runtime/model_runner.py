@@ -5,10 +5,17 @@ that follow the ``start`` tokens whose KV is already in the paged cache. The run
 attention metadata (positions, cu_seqlens, block tables, slot mappings), runs the model (which
 writes the new K/V into the cache) and returns the logits each chunk asked for.
 Blocks must already be reserved (``KVCacheManager.ensure``) for ``start + len(token_ids)`` tokens.
+
+Pure decode steps (one new token per sequence) replay a CUDA graph of the forward + lm_head per
+batch bucket (``runtime.cuda_graph``) when graphs are on; everything else runs eagerly. Graphs are
+on by default for an FP8 model on a CUDA device with a GPU kernel backend, alone (no TP/EP): those
+ops have no host syncs and static shapes. ``cuda_graphs=True`` forces them on a CUDA device (capture
+then fails loudly if an op syncs); CPU and the torch backend always run eagerly.
 """
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 import torch
@@ -16,6 +23,8 @@ import torch
 from dayzero.kvcache import KVCacheManager
 from dayzero.model.attention import ForwardBatch
 from dayzero.model.transformer import GptOssForEngine
+
+from .cuda_graph import DEFAULT_BUCKETS, DecodeGraphs
 
 
 @dataclass
@@ -26,12 +35,28 @@ class SeqChunk:
     logits: str = "last"      # "last": logits of the last new token; "all": of every new token; "none"
 
 
+def graphs_by_default(model: GptOssForEngine) -> bool:
+    par = model.parallel
+    return (model.device.type == "cuda" and model.ops.backend != "torch" and model.precision.fp8
+            and par.tp_size == 1 and par.ep_size == 1)
+
+
 class ModelRunner:
-    def __init__(self, model: GptOssForEngine, kv: KVCacheManager) -> None:
+    def __init__(self, model: GptOssForEngine, kv: KVCacheManager, cuda_graphs: bool | None = None,
+                 graph_buckets: Sequence[int] = DEFAULT_BUCKETS, max_model_len: int | None = None) -> None:
         self.model = model
         self.kv = kv
         self.device = model.device
         self.kv_caches = [kv.layer_cache(i) for i in range(model.cfg.num_hidden_layers)]
+        # host-known attention bounds spare the GPU backends a host sync per layer (torch takes none)
+        self.attention_hints = model.ops.backend != "torch"
+        if cuda_graphs is None:
+            cuda_graphs = graphs_by_default(model)
+        if cuda_graphs and (model.device.type != "cuda" or model.ops.backend == "torch"):
+            raise ValueError(f"CUDA graphs need a CUDA device and a GPU kernel backend (device "
+                             f"{model.device}, backend {model.ops.backend!r})")
+        self.graphs = DecodeGraphs(model, kv, self.kv_caches, max_model_len or model.max_positions,
+                                   graph_buckets) if cuda_graphs else None
 
     def build_batch(self, chunks: list[SeqChunk]) -> tuple[torch.Tensor, ForwardBatch]:
         ids, pos, cu = [], [], [0]
@@ -54,6 +79,8 @@ class ModelRunner:
             cached_lens=torch.tensor(starts, dtype=torch.int32, device=dev),
             block_tables_full=bt_full, block_tables_sliding=bt_slide,
             slots_full=slots_full, slots_sliding=slots_slide, kv_caches=self.kv_caches)
+        if self.attention_hints:
+            fb.max_seqlen_q, fb.max_seqlen_k = max(counts), max(starts)
         return torch.tensor(ids, dtype=torch.int64, device=dev), fb
 
     @torch.no_grad()
@@ -69,6 +96,9 @@ class ModelRunner:
             bad = [t for t in c.token_ids if not 0 <= t < vocab]
             if bad:
                 raise ValueError(f"sequence {c.seq_id!r}: token id(s) {bad[:5]} outside the vocabulary [0, {vocab})")
+        if self.graphs is not None and self.graphs.supports(chunks):
+            logits = self.graphs.run(chunks)                                  # [B, V] fp32, one row per chunk
+            return [None if c.logits == "none" else logits[b:b + 1] for b, c in enumerate(chunks)]
         ids, fb = self.build_batch(chunks)
         hidden = self.model(ids, fb)                                          # [T, H]
         rows, spans, r = [], [], 0
