@@ -1,0 +1,42 @@
+#!/usr/bin/env bash
+# Engine on the GPU in one go: the norm/rope and CUDA-graph GPU tests, then `dayzero bench prefill`
+# (20B, 120B at 8192 tokens) and `dayzero bench decode` (batch 1 and 64, graph and eager rows).
+# Writes under $OUT: engine.log, engine-tests.xml, bench-{prefill,decode}-{20b,120b}.json.
+# ENGINE_STEPS selects steps (default: all): tests,prefill20,decode20,prefill120,decode120.
+# DAYZERO_DEADLINE (epoch seconds, optional) shortens every step's time cap so the run ends by then.
+# .devmeta/commit (git-excluded; name .devmeta in the device call's `carry`) gives the commit.
+set -u
+cd "$(dirname "$0")/../.."
+export PYTHONPATH="shared${PYTHONPATH:+:$PYTHONPATH}" PYTHONUNBUFFERED=1 NCCL_NVLS_ENABLE=0
+export DAYZERO_COMMIT="${DAYZERO_COMMIT:-$(cat .devmeta/commit 2>/dev/null || echo unknown)}"
+OUT="${OUT:-out}"
+mkdir -p "$OUT"
+log="$OUT/engine.log"
+steps=",${ENGINE_STEPS:-tests,prefill20,decode20,prefill120,decode120},"
+rc=0
+step() {  # step NAME TIMEOUT_S CMD...
+  local name=$1 t=$2; shift 2
+  case "$steps" in *",$name,"*) ;; *) return 0 ;; esac
+  if [ -n "${DAYZERO_DEADLINE:-}" ]; then
+    local left=$(( DAYZERO_DEADLINE - $(date +%s) ))
+    [ "$left" -lt "$t" ] && t=$left
+    if [ "$t" -le 5 ]; then echo "=== $name skipped (deadline)" | tee -a "$log"; rc=1; return 0; fi
+  fi
+  echo "=== $name ($(date -u +%H:%M:%S), cap ${t}s)" | tee -a "$log"
+  timeout "$t" "$@" 2>&1 | tee -a "$log"
+  local r=${PIPESTATUS[0]}
+  echo "=== $name rc=$r" | tee -a "$log"
+  [ "$r" = 0 ] || rc=1
+}
+step tests 150 python3 -m pytest -q -p no:cacheprovider --noconftest -o addopts="" --junitxml="$OUT/engine-tests.xml" \
+  tests/kernels/test_norm_rope_gpu.py tests/kernels/test_cuda_graph_gpu.py
+step prefill20 60 python3 -m dayzero bench prefill --model 20b --tokens 8192 --repeat 5 --breakdown \
+  --json "$OUT/bench-prefill-20b.json"
+step decode20 80 python3 -m dayzero bench decode --model 20b --batch 1,64 --context 1024 --steps 32 --graphs both \
+  --breakdown --json "$OUT/bench-decode-20b.json"
+step prefill120 80 python3 -m dayzero bench prefill --model 120b --tokens 8192 --repeat 3 \
+  --json "$OUT/bench-prefill-120b.json"
+step decode120 90 python3 -m dayzero bench decode --model 120b --batch 1,64 --context 1024 --steps 16 --graphs both \
+  --json "$OUT/bench-decode-120b.json"
+echo "engine: rc=$rc" | tee -a "$log"
+exit $rc
