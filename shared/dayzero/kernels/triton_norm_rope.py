@@ -8,7 +8,8 @@ Both are memory-bound one-pass kernels that reproduce the torch reference's roun
     half-split (NeoX) layout. cos/sin are rounded to q.dtype first and every product and sum is
     rounded to q.dtype, exactly as the reference's bf16 tensor ops do, so bf16 results are bitwise
     equal to the reference (a bf16 x bf16 product is exact in fp32; torch's bf16 ops compute in fp32
-    and round once, as here). Outputs are new contiguous tensors.
+    and round once, as here; the roundings are done on the bits, see ``_round_to``). Outputs are
+    new contiguous tensors.
 No host syncs and no data-dependent shapes: both can be captured in a CUDA graph.
 """
 
@@ -54,6 +55,23 @@ def rms_norm(x: torch.Tensor, w: torch.Tensor, eps: float) -> torch.Tensor:
 
 
 @triton.jit
+def _round_to(x, dt: tl.constexpr):
+    """fp32 ``x`` rounded to ``dt`` (round to nearest even) and widened back to fp32. For bf16 the
+    rounding is done on the bits (finite values): with ``.to(bf16).to(fp32)`` between the products
+    and the sums, the H200 build differed from the reference by one ulp in some elements (run of
+    2026-11-30, bench/NOTES.md), presumably a multiply and an add fused across the round trip."""
+    if dt == tl.bfloat16:
+        u = x.to(tl.uint32, bitcast=True)
+        u = ((u + 0x7FFF + ((u >> 16) & 1)) >> 16) << 16
+        y = u.to(tl.float32, bitcast=True)
+    elif dt == tl.float32:
+        y = x
+    else:
+        y = x.to(dt).to(tl.float32)
+    return y
+
+
+@triton.jit
 def _rotate(src_ptr, dst_ptr, t, stride_t, stride_h, nh, c, s,
             HALF: tl.constexpr, H_P2: tl.constexpr, HALF_P2: tl.constexpr):
     """Rotate the ``nh`` heads of token ``t``: [H, D] = [x1 | x2] -> [x1*c - x2*s | x2*c + x1*s]."""
@@ -63,14 +81,14 @@ def _rotate(src_ptr, dst_ptr, t, stride_t, stride_h, nh, c, s,
     base = src_ptr + t * stride_t + hh * stride_h + dd
     x1 = tl.load(base, mask=m, other=0.0)
     x2 = tl.load(base + HALF, mask=m, other=0.0)
-    dt = x1.dtype
+    dt = src_ptr.dtype.element_ty
     x1 = x1.to(tl.float32)
     x2 = x2.to(tl.float32)
     # every product and sum rounded to the activation dtype, as the reference's tensor ops do
-    a = (x1 * c).to(dt).to(tl.float32)
-    b = (x2 * s).to(dt).to(tl.float32)
-    e = (x2 * c).to(dt).to(tl.float32)
-    f = (x1 * s).to(dt).to(tl.float32)
+    a = _round_to(x1 * c, dt)
+    b = _round_to(x2 * s, dt)
+    e = _round_to(x2 * c, dt)
+    f = _round_to(x1 * s, dt)
     out = dst_ptr + t * (nh * 2 * HALF) + hh * (2 * HALF) + dd        # dst is contiguous [T, nh, D]
     tl.store(out, (a - b).to(dt), mask=m)
     tl.store(out + HALF, (e + f).to(dt), mask=m)
@@ -85,8 +103,8 @@ def _rope_kernel(q_ptr, k_ptr, qo_ptr, ko_ptr, cos_ptr, sin_ptr, pos_ptr,
     dd = tl.arange(0, HALF_P2)[None, :]
     dm = dd < HALF
     dt = q_ptr.dtype.element_ty
-    c = tl.load(cos_ptr + p * stride_cp + dd, mask=dm, other=0.0).to(dt).to(tl.float32)  # [1, D/2]
-    s = tl.load(sin_ptr + p * stride_cp + dd, mask=dm, other=0.0).to(dt).to(tl.float32)
+    c = _round_to(tl.load(cos_ptr + p * stride_cp + dd, mask=dm, other=0.0), dt)  # [1, D/2]
+    s = _round_to(tl.load(sin_ptr + p * stride_cp + dd, mask=dm, other=0.0), dt)
     _rotate(q_ptr, qo_ptr, t, stride_qt, stride_qh, HQ, c, s, HALF, HQ_P2, HALF_P2)
     _rotate(k_ptr, ko_ptr, t, stride_kt, stride_kh, HKV, c, s, HALF, HKV_P2, HALF_P2)
 
