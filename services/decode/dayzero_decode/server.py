@@ -14,7 +14,7 @@ from dayzero.rpc.v1 import common_pb2, decode_pb2, decode_pb2_grpc
 from dayzero.runtime.engine import StepOutput
 from dayzero.serving.protocol import FINISH, sampling_from_proto, token_logprob
 
-from .worker import DecodeWorker
+from .worker import Aborted, DecodeWorker
 
 log = logging.getLogger(__name__)
 
@@ -41,8 +41,10 @@ class DecodeServicer(decode_pb2_grpc.DecodeServicer):
         return decode_pb2.AllocateResponse(allocation=alloc, receiver=self.receiver_info)
 
     async def Release(self, request, context):
-        freed = await self._on_engine(lambda: self.worker.release(request.request_id, request.lease_id))
-        return decode_pb2.ReleaseResponse(released=True, blocks_freed=freed)
+        if not request.request_id:
+            await context.abort(grpc.StatusCode.INVALID_ARGUMENT, "request_id is required")
+        found, freed = await self._on_engine(lambda: self.worker.release(request.request_id, request.lease_id))
+        return decode_pb2.ReleaseResponse(released=found, blocks_freed=freed)
 
     async def _wait_landed(self, request, context) -> None:
         loop = asyncio.get_running_loop()
@@ -110,6 +112,10 @@ class DecodeServicer(decode_pb2_grpc.DecodeServicer):
                     items.append(q.get_nowait())
                 msg = decode_pb2.DecodeResponse()
                 for item in items:
+                    if isinstance(item, Aborted):  # released by request id from outside this stream
+                        finished = True
+                        msg.finish_reason = common_pb2.FINISH_REASON_ABORT
+                        break
                     if isinstance(item, Exception):
                         finished = True
                         await context.abort(grpc.StatusCode.INTERNAL, f"decode failed: {item}")
@@ -125,8 +131,8 @@ class DecodeServicer(decode_pb2_grpc.DecodeServicer):
                 if finished:
                     return
         finally:
-            if not finished:  # cancelled, failed or the caller went away: free everything it holds
-                self.worker.call(lambda: self.worker.release(rid, ""))
+            if not finished:  # cancelled, failed or the caller went away: free what this call holds
+                self.worker.call(lambda: self.worker.cancel(rid, sink))  # only a request this call added
                 if request.lease_id:
                     self.worker.call(lambda: self.worker.release(rid, request.lease_id))
                 self.worker.metrics.requests.labels("abort", "disaggregated" if request.lease_id else "local").inc()

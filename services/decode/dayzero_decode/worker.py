@@ -35,7 +35,14 @@ from dayzero.transfer import KVReceiver
 
 log = logging.getLogger(__name__)
 
-Sink = Callable[[object], None]   # receives StepOutput items or one Exception
+Sink = Callable[[object], None]   # receives StepOutput items, then ABORTED or one Exception
+
+
+class Aborted:
+    """Handed to a sink when its request was aborted from outside its stream (Release by request id)."""
+
+
+ABORTED = Aborted()
 
 
 @dataclass
@@ -177,18 +184,33 @@ class DecodeWorker:
         self.running[request_id] = Running(sink, "local", time.perf_counter())
 
     def abort(self, request_id: str) -> bool:
-        self.running.pop(request_id, None)
+        """Abort a request; its stream (if any) is told, so that it ends instead of waiting forever."""
+        run = self.running.pop(request_id, None)
+        if run is not None:
+            run.sink(ABORTED)
         return self.engine.abort(request_id)
 
-    def release(self, request_id: str, lease_id: str) -> int:
-        """Free a lease (or, with no lease id, whatever the request holds); blocks freed."""
+    def cancel(self, request_id: str, sink: Sink) -> bool:
+        """The stream whose sink is ``sink`` went away: abort its request, but only if that stream
+        owns it (a failed duplicate Generate with the same id must not abort the live one)."""
+        run = self.running.get(request_id)
+        if run is None or run.sink is not sink:
+            return False
+        del self.running[request_id]
+        return self.engine.abort(request_id)
+
+    def release(self, request_id: str, lease_id: str) -> tuple[bool, int]:
+        """Free a lease (or, with no lease id, whatever the request holds: its leases and, if it
+        runs, the request itself, whose stream then ends with an abort). (found anything, blocks freed)."""
         before = self.engine.kv.num_used_blocks
+        found = False
         for lid, lease in list(self.leases.items()):
             if lease.request_id == request_id and (not lease_id or lid == lease_id):
                 self._drop_lease(lid)
+                found = True
         if not lease_id:
-            self.abort(request_id)
-        return before - self.engine.kv.num_used_blocks
+            found = self.abort(request_id) or found
+        return found, before - self.engine.kv.num_used_blocks
 
     # ---- internals -------------------------------------------------------------------------------
     def _admission_check(self) -> None:

@@ -69,7 +69,9 @@ class DecodeServicer:
         raise NotImplementedError('Method not implemented!')
 
     def Release(self, request, context):
-        """Free a lease or a request's blocks (idempotent).
+        """Free a lease or a request's blocks (idempotent; INVALID_ARGUMENT without a request_id).
+        Without a lease_id a running request is aborted too: its Generate stream ends with
+        FINISH_REASON_ABORT.
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
