@@ -1,19 +1,29 @@
 """KV leases and request ownership at the workers' gRPC boundary, on the real stack (redis-server,
 router, prefill and decode over NIXL; no frontend).
 
+- a prefill worker never writes into a lease that has ended: the decode worker may already have
+  given those blocks to another request (shown by a victim request whose greedy output must not
+  change), and a prompt queued longer than the decode worker's default lease still completes
+  through the router (the router asks for a lease as long as it waits for the prefill);
 - a Generate stream owns its request: a failing duplicate Generate with the same id leaves the
   live one alone, and a Release by request id ends the victim's stream (ABORT) instead of leaving
   it waiting forever;
-- Release answers bad input with INVALID_ARGUMENT.
+- Release and Prefill answer bad input with INVALID_ARGUMENT.
+
+The decode worker has 40 full-attention blocks (a 400-token prompt takes 26) and hands freed
+blocks out first-in first-out, so a second 400-token allocation made after the first one ended
+must reuse some of its blocks; the test checks that premise rather than assuming it.
 """
 
 from __future__ import annotations
+
+import threading
 
 import grpc
 import pytest
 
 import stack_harness as sh
-from dayzero.rpc.v1 import common_pb2, decode_pb2, decode_pb2_grpc, prefill_pb2_grpc, router_pb2
+from dayzero.rpc.v1 import common_pb2, decode_pb2, decode_pb2_grpc, prefill_pb2, prefill_pb2_grpc, router_pb2
 
 pytestmark = [pytest.mark.e2e, pytest.mark.timeout(300)]
 
@@ -72,6 +82,55 @@ def _full_blocks(alloc) -> set[int]:
     return set(max((list(layer.block_ids) for layer in alloc.layers), key=len))
 
 
+def test_prefill_refuses_an_ended_lease_so_blocks_reused_by_another_request_stay_intact(stack, decode, prefill):
+    victim = sh.random_prompt(400, 21)
+    alone = decode.Generate(decode_pb2.DecodeRequest(request_id="victim-alone", prompt_token_ids=victim,
+                                                     sampling=_greedy(8)), timeout=30)
+    want = [t for m in alone for t in m.token_ids]  # prefilled by the decode worker itself: no lease involved
+    assert len(want) == 8
+    stale = decode.Allocate(decode_pb2.AllocateRequest(request_id="stale", prompt_tokens=400, lease_seconds=0.2),
+                            timeout=10)
+    sh.wait_until(lambda: sh.worker_load(stack, "decode-0").open_leases == 0, 10, "the short lease to end")
+    mine = decode.Allocate(decode_pb2.AllocateRequest(request_id="victim", prompt_tokens=400, lease_seconds=30),
+                           timeout=10)
+    assert _full_blocks(mine.allocation) & _full_blocks(stale.allocation), "premise: the victim reuses blocks of the ended lease"
+    first = prefill.Prefill(prefill_pb2.PrefillRequest(request_id="victim", prompt_token_ids=victim,
+                                                       sampling=_greedy(8), target=mine.allocation,
+                                                       receiver=mine.receiver), timeout=30)
+    with pytest.raises(grpc.RpcError) as e:  # a late prefill for the ended lease (a very different prompt)
+        prefill.Prefill(prefill_pb2.PrefillRequest(request_id="stale", prompt_token_ids=[7] * 400,
+                                                   sampling=_greedy(8), target=stale.allocation,
+                                                   receiver=stale.receiver), timeout=30)
+    assert e.value.code() == grpc.StatusCode.DEADLINE_EXCEEDED, e.value.details()
+    assert "lease" in e.value.details() and "expired" in e.value.details()
+    rest = decode.Generate(decode_pb2.DecodeRequest(request_id="victim", prompt_token_ids=victim,
+                                                    sampling=_greedy(8), lease_id=mine.allocation.lease_id,
+                                                    first_token_id=first.first_token_id), timeout=30)
+    assert [first.first_token_id] + [t for m in rest for t in m.token_ids] == want
+
+
+def test_a_prompt_queued_longer_than_the_decode_lease_still_completes(router):
+    """Two 200-token prompts at once: the second waits ~1.6 s for the batch-1 prefill worker,
+    longer than the decode worker's 1 s default lease."""
+    results: dict[int, object] = {}
+
+    def run(i: int) -> None:
+        try:
+            results[i] = _router_tokens(router, f"queued-{i}", sh.random_prompt(200, 100 + i), 3)
+        except grpc.RpcError as e:
+            results[i] = e
+
+    threads = [threading.Thread(target=run, args=(i,)) for i in range(2)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(60)
+    for i in range(2):
+        assert not isinstance(results[i], grpc.RpcError), f"request {i}: {results[i].details()}"
+        tokens, route = results[i]
+        assert route == "disaggregated" and len(tokens) == 3
+
+
 def test_a_failing_duplicate_generate_leaves_the_live_request_alone(decode):
     live = decode.Generate(decode_pb2.DecodeRequest(request_id="dup", prompt_token_ids=[1, 2, 3],
                                                     sampling=_greedy(200)), timeout=30)
@@ -104,3 +163,17 @@ def test_release_answers_bad_and_unknown_ids(decode):
     assert not reply.released and reply.blocks_freed == 0  # idempotent: not an error, but says so
 
 
+def test_prefill_refuses_blocks_outside_the_receivers_pool(decode, prefill):
+    alloc = decode.Allocate(decode_pb2.AllocateRequest(request_id="bad-blocks", prompt_tokens=100), timeout=10)
+    try:
+        target = alloc.allocation
+        full = max(range(len(target.layers)), key=lambda i: len(target.layers[i].block_ids))
+        target.layers[full].block_ids[0] = 10_000
+        with pytest.raises(grpc.RpcError) as e:
+            prefill.Prefill(prefill_pb2.PrefillRequest(request_id="bad-blocks", prompt_token_ids=[1] * 100,
+                                                       sampling=_greedy(2), target=target, receiver=alloc.receiver),
+                            timeout=30)
+        assert e.value.code() == grpc.StatusCode.INVALID_ARGUMENT, e.value.details()
+        assert "10000" in e.value.details()
+    finally:
+        decode.Release(decode_pb2.ReleaseRequest(request_id="bad-blocks"), timeout=10)

@@ -12,7 +12,7 @@ from dayzero.rpc.v1 import prefill_pb2_grpc
 from dayzero.serving.protocol import sampling_from_proto
 from dayzero.transfer import IncompatiblePeer, TransferError
 
-from .worker import Cancelled, Job, PrefillWorker, QueueFull
+from .worker import Cancelled, Job, LeaseExpired, PrefillWorker, QueueFull
 
 log = logging.getLogger(__name__)
 
@@ -47,6 +47,9 @@ class PrefillServicer(prefill_pb2_grpc.PrefillServicer):
         except Cancelled:
             m.requests.labels("cancelled").inc()
             await context.abort(grpc.StatusCode.CANCELLED, "prefill cancelled")
+        except LeaseExpired as e:
+            m.requests.labels("lease_expired").inc()
+            await context.abort(grpc.StatusCode.DEADLINE_EXCEEDED, str(e))
         except IncompatiblePeer as e:
             m.requests.labels("incompatible").inc()
             await context.abort(grpc.StatusCode.FAILED_PRECONDITION, str(e))

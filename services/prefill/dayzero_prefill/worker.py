@@ -3,6 +3,9 @@
 For each job: check the receiver's handshake (before any compute), prefill the prompt chunk by
 chunk (a cancelled job stops between chunks), write the KV of the prompt into the decode
 worker's leased blocks through the transport, free the local blocks, return the first token.
+No write starts once the decode worker's lease is (nearly) over: it frees the blocks of an ended
+lease and may already have handed them to another request. A cancelled job stops before its next
+write.
 With an overlapping transport (NIXL) the full-attention blocks a chunk completes start moving
 right after that chunk while the next one computes; the last write (the partial last block and
 the sliding-window rings) carries the notification that tells the decode worker the KV is in.
@@ -34,6 +37,41 @@ class Cancelled(Exception):
 
 class QueueFull(Exception):
     """Too many prompt tokens queued (backpressure: RESOURCE_EXHAUSTED)."""
+
+
+class LeaseExpired(Exception):
+    """The decode worker's lease on the target blocks ended (or is about to): writing now could
+    overwrite blocks that already belong to another request there, so nothing more is written."""
+
+
+# a write must start at least this long before the lease ends (it must land before the decode
+# worker frees the blocks; also absorbs small clock differences between the two hosts)
+LEASE_MARGIN_SECONDS = 0.5
+
+
+def check_lease(target, what: str) -> None:
+    """Raise ``LeaseExpired`` unless ``target`` (a KVAllocation) still has a margin left."""
+    if not target.expires_at_unix:
+        return
+    left = target.expires_at_unix - time.time()
+    if left < LEASE_MARGIN_SECONDS:
+        state = f"expired {-left:.1f}s ago" if left < 0 else f"ends in {left:.1f}s"
+        raise LeaseExpired(f"the decode worker's KV lease {target.lease_id} of {target.request_id} {state}; "
+                           f"refusing to write its blocks {what}")
+
+
+def check_target_blocks(req: prefill_pb2.PrefillRequest, num_layers: int) -> None:
+    """Every destination block id must exist in the receiver's pool of its layer (ValueError)."""
+    sizes: dict[int, int] = {}
+    for region in req.receiver.regions:
+        sizes[region.layer] = min(sizes.get(region.layer, region.num_blocks), region.num_blocks)
+    for layer, blocks in enumerate(req.target.layers[:num_layers]):
+        if layer not in sizes:
+            raise ValueError(f"the decode worker describes no KV pool for layer {layer}")
+        bad = [b for b in blocks.block_ids if not 0 <= b < sizes[layer]]
+        if bad:
+            raise ValueError(f"the decode allocation names block(s) {bad[:5]} of layer {layer}, outside its "
+                             f"pool of {sizes[layer]} blocks")
 
 
 @dataclass
@@ -122,6 +160,8 @@ class PrefillWorker:
         dst = [list(layer.block_ids) for layer in req.target.layers]
         if len(dst) != num_layers:
             raise ValueError(f"the decode allocation lists {len(dst)} layers, the model has {num_layers}")
+        check_target_blocks(req, num_layers)
+        check_lease(req.target, f"(after {waited:.1f}s in the prefill queue)")
         full_layers = [layer for layer in range(num_layers) if not kv.is_sliding(layer)]
         posted = []      # writes of finished full-attention blocks, moving while later chunks compute
         sent = [0]       # full-attention blocks (per full layer) already posted
@@ -143,12 +183,13 @@ class PrefillWorker:
         t0 = time.perf_counter()
         try:
             def on_chunk(_rid: str, done: int) -> None:
-                if self.sender.overlaps and done < n:
-                    post_finished(done)
                 if self.chunk_delay:
                     time.sleep(self.chunk_delay)
-                if job.cancelled.is_set():
+                if job.cancelled.is_set():  # before posting: a cancelled job writes nothing more
                     raise Cancelled(req.request_id)
+                if self.sender.overlaps and done < n:
+                    check_lease(req.target, "(it ended while the prompt was being computed)")
+                    post_finished(done)
 
             sample = self.engine.prefill_only(local_id, list(req.prompt_token_ids), job.params, on_chunk=on_chunk)
             compute = time.perf_counter() - t0
@@ -164,6 +205,7 @@ class PrefillWorker:
                 rest = [layer[sent[0]:] if i in full_layers else layer for i, layer in enumerate(src)]
                 dst_rest = [layer[sent[0]:] if i in full_layers else layer for i, layer in enumerate(dst)]
                 plan = TransferPlan.from_blocks(req.request_id, req.target.lease_id, rest, dst_rest)
+                check_lease(req.target, "(it ended while the prompt was being computed)")
                 result = self.sender.send(req.receiver, plan, timeout=self.transfer_timeout)
             except TransferError as e:
                 self.metrics.kv_failures.labels(self.sender.name, type(e).__name__).inc()

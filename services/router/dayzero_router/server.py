@@ -44,6 +44,14 @@ class RouterConfig:
     kv_wait_seconds: float = 30.0
     max_prefill_attempts: int = 2
 
+    @property
+    def lease_seconds(self) -> float:
+        """How long a decode worker keeps an allocation for the KV to land: as long as this router
+        may wait for the prefill (a lease that ended sooner would make a queued prefill fail, or,
+        without the prefill worker's check, write blocks the decode worker had already reused).
+        The router releases the lease itself on every failure; expiry only matters if it dies."""
+        return self.allocate_timeout + self.prefill_timeout * max(1, self.max_prefill_attempts)
+
 
 class RouterServicer(router_pb2_grpc.RouterServicer):
     def __init__(self, view: WorkerView, config: RouterConfig, metrics: RouterMetrics):
@@ -186,7 +194,8 @@ class RouterServicer(router_pb2_grpc.RouterServicer):
             try:
                 resp = await self.view.decode_stub(decode).Allocate(
                     decode_pb2.AllocateRequest(request_id=rid, prompt_tokens=prompt_tokens,
-                                               max_tokens=request.sampling.max_tokens),
+                                               max_tokens=request.sampling.max_tokens,
+                                               lease_seconds=self.config.lease_seconds),
                     timeout=self.config.allocate_timeout)
                 return decode, resp
             except grpc.RpcError as e:
