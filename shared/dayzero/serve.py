@@ -63,7 +63,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 def run(args: argparse.Namespace) -> int:
     logging.basicConfig(level=logging.INFO, format="%(asctime)s serve %(levelname)s: %(message)s")
-    from dayzero.serving.launch import ProcessFailed, redis_server_binary
+    from dayzero.serving.launch import Interrupted, ProcessFailed, redis_server_binary
     from dayzero.serving.stack import LocalStack, StackConfig
 
     if args.transport == "nixl":
@@ -94,7 +94,10 @@ def run(args: argparse.Namespace) -> int:
     log.info("starting frontend, router, prefill and decode (%s registry); logs in %s",
              "redis-server" if use_redis else "in-process", stack.log_dir)
     try:
-        stack.start()
+        stack.start(stop)  # a signal during start-up (a model loading for minutes) stops it at once
+    except Interrupted:
+        log.info("stopped before the stack was ready; every service stopped")
+        return 0
     except ProcessFailed as e:
         print(f"dayzero serve: error: {e}", file=sys.stderr)
         return 1

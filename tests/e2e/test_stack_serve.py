@@ -113,3 +113,50 @@ def test_dayzero_serve_in_process_registry_grpc_transport_and_ctrl_c(tmp_path):
     finally:
         if proc.poll() is None:
             proc.kill()
+
+
+def test_dayzero_serve_ctrl_c_during_start_up_stops_every_child_at_once(tmp_path, make_ckpt):
+    """A worker still loading its model (here: frozen with SIGSTOP before it is ready) must not
+    hold Ctrl-C hostage until the start-up timeout: serve stops every child and exits."""
+    env = dict(os.environ, OMP_NUM_THREADS="1")
+    log_path = tmp_path / "serve.log"
+    with open(log_path, "w") as log:
+        proc = subprocess.Popen([sys.executable, "-m", "dayzero", "serve", "--port", str(free_port()), "--model",
+                                 make_ckpt("tiny"), "--log-dir", str(tmp_path / "logs")],
+                                stdout=log, stderr=subprocess.STDOUT, env=env)
+    frozen, children = None, []
+    try:
+        deadline = time.monotonic() + 60
+        while frozen is None:
+            assert proc.poll() is None and time.monotonic() < deadline, log_path.read_text()
+            for child in _children(proc.pid):
+                try:
+                    with open(f"/proc/{child}/cmdline", "rb") as f:
+                        if b"dayzero_decode" in f.read():
+                            os.kill(child, signal.SIGSTOP)
+                            frozen = child
+                except OSError:
+                    pass
+            time.sleep(0.01)
+        time.sleep(1.0)
+        children = _children(proc.pid)
+        assert not http_ok(f"http://127.0.0.1:{_decode_http_port(frozen)}/ready", timeout=0.5)
+        proc.send_signal(signal.SIGINT)
+        assert proc.wait(40) == 0, log_path.read_text()  # the frozen worker gets SIGKILL after the grace period
+        assert "stopped before the stack was ready" in log_path.read_text()
+        deadline = time.monotonic() + 10
+        while any(_alive(c) for c in children) and time.monotonic() < deadline:
+            time.sleep(0.1)
+        assert not [c for c in children if _alive(c)], "children left running after the stop"
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+        for child in children or ([frozen] if frozen else []):  # nothing outlives a failed test
+            if _alive(child):
+                os.kill(child, signal.SIGKILL)
+
+
+def _decode_http_port(pid: int) -> int:
+    with open(f"/proc/{pid}/cmdline", "rb") as f:
+        argv = f.read().decode().split("\0")
+    return int(argv[argv.index("--http-port") + 1])

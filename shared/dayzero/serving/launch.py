@@ -14,6 +14,7 @@ import signal
 import socket
 import subprocess
 import sys
+import threading
 import time
 import urllib.error
 import urllib.request
@@ -30,6 +31,10 @@ def free_port(host: str = "127.0.0.1") -> int:
 
 class ProcessFailed(RuntimeError):
     """A child exited (or never became ready); the message carries the tail of its log."""
+
+
+class Interrupted(RuntimeError):
+    """A stop was requested (SIGINT/SIGTERM) while waiting for children to become ready."""
 
 
 @dataclass
@@ -102,11 +107,14 @@ def http_ok(url: str, timeout: float = 1.0) -> bool:
         return False
 
 
-def wait_ready(procs: list[tuple[ManagedProcess, str]], timeout: float) -> None:
-    """Poll each (process, ready URL) until all answer 200; raise ``ProcessFailed`` if one exits."""
+def wait_ready(procs: list[tuple[ManagedProcess, str]], timeout: float, stop: threading.Event | None = None) -> None:
+    """Poll each (process, ready URL) until all answer 200; raise ``ProcessFailed`` if one exits,
+    ``Interrupted`` as soon as ``stop`` is set (a model that loads for minutes must not delay Ctrl-C)."""
     deadline = time.monotonic() + timeout
     pending = list(procs)
     while pending:
+        if stop is not None and stop.is_set():
+            raise Interrupted("stop requested while waiting for " + ", ".join(p.name for p, _ in pending))
         for p, url in list(pending):
             if not p.alive():
                 raise ProcessFailed(f"{p.name} exited (code {p.proc.returncode if p.proc else '?'}) before it was "

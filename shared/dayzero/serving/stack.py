@@ -7,10 +7,11 @@ from __future__ import annotations
 import logging
 import os
 import tempfile
+import threading
 from dataclasses import dataclass, field
 
-from .launch import (ManagedProcess, ProcessFailed, free_port, python_module, redis_server_binary, start_redis,
-                     wait_ready)
+from .launch import (Interrupted, ManagedProcess, ProcessFailed, free_port, python_module, redis_server_binary,
+                     start_redis, wait_ready)
 
 log = logging.getLogger(__name__)
 
@@ -54,11 +55,15 @@ class LocalStack:
         self.router: Service | None = None
         self.frontend: Service | None = None
         self.workers: dict[str, Service] = {}     # name -> service ("prefill-0", "decode-0", ...)
+        self._stop_event: threading.Event | None = None
         self._env = dict(os.environ, OMP_NUM_THREADS=os.environ.get("OMP_NUM_THREADS", "1"), PYTHONUNBUFFERED="1")
 
     # ---- start ------------------------------------------------------------------------------------
-    def start(self) -> "LocalStack":
+    def start(self, stop: threading.Event | None = None) -> "LocalStack":
+        """Start every process and wait until each is ready. If one fails (``ProcessFailed``) or
+        ``stop`` is set meanwhile (``Interrupted``), every process started so far is stopped first."""
         c = self.config
+        self._stop_event = stop
         try:
             use_redis = c.use_redis if c.use_redis is not None else redis_server_binary() is not None
             router_port = free_port(c.host)
@@ -79,14 +84,15 @@ class LocalStack:
                 self.add_worker("decode", f"decode-{i}")
             for i in range(c.num_prefill):
                 self.add_worker("prefill", f"prefill-{i}", wait=False)
-            wait_ready([(s.process, s.ready_url) for s in [self.router, *self.workers.values()]], c.ready_timeout)
+            wait_ready([(s.process, s.ready_url) for s in [self.router, *self.workers.values()]], c.ready_timeout,
+                       stop)
             if c.with_frontend:
                 port = c.frontend_port or free_port(c.host)
                 argv = python_module("dayzero_frontend", "--host", c.host, "--port", str(port),
                                      "--router", f"{c.host}:{self.router.grpc_port}", *c.frontend_args)
                 proc = ManagedProcess("frontend", argv, os.path.join(self.log_dir, "frontend.log"), self._env).start()
                 self.frontend = Service(proc, port, port, f"http://{c.host}:{port}/ready")
-                wait_ready([(proc, self.frontend.ready_url)], c.ready_timeout)
+                wait_ready([(proc, self.frontend.ready_url)], c.ready_timeout, stop)
         except BaseException:
             self.stop()
             raise
@@ -110,7 +116,7 @@ class LocalStack:
         svc = self._service(name, module, free_port(c.host), args)
         self.workers[name] = svc
         if wait:
-            wait_ready([(svc.process, svc.ready_url)], c.ready_timeout)
+            wait_ready([(svc.process, svc.ready_url)], c.ready_timeout, self._stop_event)
         return svc
 
     # ---- faults and restarts ----------------------------------------------------------------------
@@ -147,4 +153,4 @@ class LocalStack:
                 log.warning("stopping %s: %s", p.name, e)
 
 
-__all__ = ["LocalStack", "StackConfig", "ProcessFailed"]
+__all__ = ["LocalStack", "StackConfig", "ProcessFailed", "Interrupted"]
