@@ -138,3 +138,11 @@ def test_engine_generate_graphs_by_default(model):
             alt = dict(e.top_logprobs)
             assert g.token_id in alt and abs(alt[g.token_id] - e.logprob) < 0.05, (g, e)
             break
+
+
+def test_engine_warmup_captures_every_bucket(model):
+    from dayzero.runtime.engine import Engine, EngineConfig
+
+    engine = Engine(model, EngineConfig(max_num_seqs=8, max_model_len=MAX_LEN, num_kv_blocks=200))
+    assert engine.warmup() == len(engine.runner.graphs.buckets)
+    assert set(engine.runner.graphs.graphs) == set(engine.runner.graphs.buckets)

@@ -78,3 +78,11 @@ def test_random_traffic_with_aborts_and_preemption(model):
             assert rid in aborted and got[rid] == alone[rid][:len(got[rid])]
     assert len(finished) >= 5
     assert eng.kv.num_used_blocks == 0 and not eng.requests
+
+
+def test_warmup_without_graphs_is_a_no_op(make_ckpt):
+    from dayzero.runtime.engine import Engine
+
+    engine = Engine.from_dir(make_ckpt("tiny2"), dtype="float32")
+    assert engine.runner.graphs is None  # CPU + torch backend: eager only
+    assert engine.warmup() == 0

@@ -219,6 +219,14 @@ class Engine:
     def free(self, request_id: str) -> bool:
         return self.abort(request_id)
 
+    def warmup(self) -> int:
+        """Capture every decode CUDA graph now (a service calls this before it reports ready, so no
+        request pays a capture); returns the number of graphs held (0 where graphs are off)."""
+        if self.runner.graphs is None:
+            return 0
+        self.runner.graphs.capture_all()
+        return len(self.runner.graphs.graphs)
+
     def stats(self) -> EngineStats:
         return EngineStats(num_running=len(self.scheduler.running), num_waiting=len(self.scheduler.waiting),
                            num_queued_tokens=self.scheduler.num_queued_tokens(),
