@@ -31,7 +31,8 @@ LONG = 400              # tokens: ~13 chunks of 32 with 0.15 s each on the prefi
 def stack(make_ckpt, tmp_path_factory):
     s = sh.start_stack(make_ckpt("tiny"), tmp_path_factory.mktemp("faults"), threshold=THRESHOLD,
                        max_model_len=MAX_MODEL_LEN, prefill_args=["--chunk-size", "32", "--fault-chunk-delay", "0.15"],
-                       decode_args=["--num-kv-blocks", "512", "--lease-seconds", "8", "--kv-wait-seconds", "10"],
+                       decode_args=["--num-kv-blocks", "512", "--lease-seconds", "8", "--kv-wait-seconds", "10",
+                                    "--kv-drain-seconds", "3"],
                        router_args=["--prefill-timeout", "30", "--token-timeout", "15"])
     yield s
     s.stop()

@@ -8,7 +8,10 @@ router, prefill and decode over NIXL; no frontend).
 - a Generate stream owns its request: a failing duplicate Generate with the same id leaves the
   live one alone, and a Release by request id ends the victim's stream (ABORT) instead of leaving
   it waiting forever;
-- Release and Prefill answer bad input with INVALID_ARGUMENT.
+- Release and Prefill answer bad input with INVALID_ARGUMENT;
+- the blocks of a lease released while its prefill worker may still write them (NIXL writes are
+  one-sided) are not handed to another request until that worker says it stopped or its KV
+  landed; a cancelled prefill says so at once, so a released lease does not sit out the timeout.
 
 The decode worker has 40 full-attention blocks (a 400-token prompt takes 26) and hands freed
 blocks out first-in first-out, so a second 400-token allocation made after the first one ended
@@ -18,6 +21,7 @@ must reuse some of its blocks; the test checks that premise rather than assuming
 from __future__ import annotations
 
 import threading
+import time
 
 import grpc
 import pytest
@@ -29,6 +33,7 @@ pytestmark = [pytest.mark.e2e, pytest.mark.timeout(300)]
 
 THRESHOLD = 64
 LEASE = 1.0            # the decode worker's default lease (seconds)
+DRAIN = 4.0            # the decode worker's --kv-drain-seconds
 CHUNK_DELAY = 0.4      # per 64-token prefill chunk: a 200-token prompt occupies the prefill worker ~1.6 s
 
 
@@ -36,7 +41,8 @@ CHUNK_DELAY = 0.4      # per 64-token prefill chunk: a 200-token prompt occupies
 def stack(make_ckpt, tmp_path_factory):
     s = sh.start_stack(make_ckpt("tiny"), tmp_path_factory.mktemp("leases"), threshold=THRESHOLD, max_model_len=1024,
                        prefill_args=["--chunk-size", "64", "--fault-chunk-delay", str(CHUNK_DELAY)],
-                       decode_args=["--num-kv-blocks", "40", "--lease-seconds", str(LEASE)],
+                       decode_args=["--num-kv-blocks", "40", "--lease-seconds", str(LEASE),
+                                    "--kv-drain-seconds", str(DRAIN)],
                        router_args=["--prefill-timeout", "30", "--token-timeout", "15"], with_frontend=False)
     yield s
     s.stop()
@@ -90,7 +96,8 @@ def test_prefill_refuses_an_ended_lease_so_blocks_reused_by_another_request_stay
     assert len(want) == 8
     stale = decode.Allocate(decode_pb2.AllocateRequest(request_id="stale", prompt_tokens=400, lease_seconds=0.2),
                             timeout=10)
-    sh.wait_until(lambda: sh.worker_load(stack, "decode-0").open_leases == 0, 10, "the short lease to end")
+    # it ends; nobody was writing it, so its blocks are free again once the drain timeout passes
+    sh.wait_until(lambda: sh.all_free([sh.worker_load(stack, "decode-0")]), DRAIN + 10, "the short lease to end")
     mine = decode.Allocate(decode_pb2.AllocateRequest(request_id="victim", prompt_tokens=400, lease_seconds=30),
                            timeout=10)
     assert _full_blocks(mine.allocation) & _full_blocks(stale.allocation), "premise: the victim reuses blocks of the ended lease"
@@ -177,3 +184,51 @@ def test_prefill_refuses_blocks_outside_the_receivers_pool(decode, prefill):
         assert "10000" in e.value.details()
     finally:
         decode.Release(decode_pb2.ReleaseRequest(request_id="bad-blocks"), timeout=10)
+
+
+def _prefill_in_background(prefill, rid: str, prompt: list[int], alloc):
+    call = prefill.Prefill.future(prefill_pb2.PrefillRequest(request_id=rid, prompt_token_ids=prompt,
+                                                             sampling=_greedy(2), target=alloc.allocation,
+                                                             receiver=alloc.receiver), timeout=60)
+    return call
+
+
+def test_blocks_of_a_lease_released_mid_prefill_are_not_reused_while_the_prefill_writes(stack, decode, prefill):
+    """The router's Release can overtake its cancel of the Prefill call; here the call is not
+    cancelled at all, so the prefill worker keeps computing and writing the lease for seconds."""
+    a = decode.Allocate(decode_pb2.AllocateRequest(request_id="mid", prompt_tokens=400, lease_seconds=30), timeout=10)
+    held = _full_blocks(a.allocation)
+    call = _prefill_in_background(prefill, "mid", sh.random_prompt(400, 31), a)
+    sh.wait_until(lambda: sh.worker_load(stack, "prefill-0").running_requests == 1, 20, "the prefill to start")
+    reply = decode.Release(decode_pb2.ReleaseRequest(request_id="mid", lease_id=a.allocation.lease_id, kv_senders=1),
+                           timeout=10)
+    assert reply.released
+    overlap: set[int] = set()
+    try:
+        other = decode.Allocate(decode_pb2.AllocateRequest(request_id="other", prompt_tokens=400, lease_seconds=30),
+                                timeout=10)
+        overlap = _full_blocks(other.allocation) & held
+        decode.Release(decode_pb2.ReleaseRequest(request_id="other"), timeout=10)
+    except grpc.RpcError as e:  # the held blocks leave too few for it: fine
+        assert e.code() == grpc.StatusCode.RESOURCE_EXHAUSTED, e.details()
+    assert sh.worker_load(stack, "prefill-0").running_requests == 1, "premise: the prefill was still writing"
+    assert not overlap, f"blocks {sorted(overlap)} handed to another request while the prefill worker writes them"
+    call.result()  # the prefill itself completes; its landed notification frees the blocks
+
+
+def test_a_cancelled_prefill_says_it_stopped_so_its_released_lease_is_freed_at_once(stack, decode, prefill):
+    for release_first in (True, False):  # the router's Release before or after the prefill worker stopped
+        rid = f"cancelled-{release_first}"
+        a = decode.Allocate(decode_pb2.AllocateRequest(request_id=rid, prompt_tokens=400, lease_seconds=30),
+                            timeout=10)
+        call = _prefill_in_background(prefill, rid, sh.random_prompt(400, 41), a)
+        sh.wait_until(lambda: sh.worker_load(stack, "prefill-0").running_requests == 1, 20, "the prefill to start")
+        call.cancel()
+        t0 = time.monotonic()
+        if not release_first:
+            sh.wait_until(lambda: sh.worker_load(stack, "prefill-0").running_requests == 0, 20, "the prefill to stop")
+        decode.Release(decode_pb2.ReleaseRequest(request_id=rid, lease_id=a.allocation.lease_id, kv_senders=1),
+                       timeout=10)
+        sh.wait_until(lambda: sh.all_free(sh.worker_load(stack, n) for n in ("decode-0", "prefill-0")), DRAIN,
+                      "both workers to free everything")
+        assert time.monotonic() - t0 < DRAIN / 2, "the decode worker waited for the drain timeout"

@@ -32,7 +32,7 @@ def _random_plan(rng: random.Random) -> tuple[list[list[int]], list[list[int]]]:
     for layer in range(peers.NUM_LAYERS):
         n = rng.randint(1, 9) if layer % 2 == 0 else rng.randint(10, 20)
         src.append(rng.sample(range(NUM_BLOCKS), n))
-        dst.append(rng.sample(range(NUM_BLOCKS - 1), n))  # the last block stays for the refused sender
+        dst.append(rng.sample(range(NUM_BLOCKS - 2), n))  # the last two blocks stay for the refused senders
     return src, dst
 
 
@@ -42,17 +42,22 @@ def exchange(request):
     kind = request.param
     src, dst = _random_plan(random.Random(1234))
     good = TransferPlan.from_blocks("req-1", "lease-1", src, dst)
-    unused = [[NUM_BLOCKS - 1]] * peers.NUM_LAYERS
-    bad = TransferPlan.from_blocks("req-2", "lease-2", [[0]] * peers.NUM_LAYERS, unused)
+    unused = [[NUM_BLOCKS - 1, NUM_BLOCKS - 2]] * peers.NUM_LAYERS
+    bad = TransferPlan.from_blocks("req-2", "lease-2", [[0]] * peers.NUM_LAYERS, [[NUM_BLOCKS - 1]] * peers.NUM_LAYERS)
+    # a lease the receiver never expected (or already forgot): the grpc receiver refuses it; NIXL
+    # writes are one-sided, so there the decode worker holds such blocks back instead (e2e tests)
+    stray = TransferPlan.from_blocks("req-3", "lease-3", [[1]] * peers.NUM_LAYERS, [[NUM_BLOCKS - 2]] * peers.NUM_LAYERS)
+    jobs = [(BS, SEED, good), (2 * BS, SEED, bad)] + ([(BS, SEED, stray)] if kind == "grpc" else [])
     ctx = mp.get_context("spawn")
     to_parent, from_parent, tx_out = ctx.Queue(), ctx.Queue(), ctx.Queue()
     rx = ctx.Process(target=peers.receiver_main,
-                     args=(kind, BS, NUM_BLOCKS, _free_port(), to_parent, from_parent), daemon=True)
+                     args=(kind, BS, NUM_BLOCKS, _free_port(), to_parent, from_parent,
+                           [(good.request_id, good.lease_id), (bad.request_id, bad.lease_id)]), daemon=True)
     rx.start()
     try:
         info = to_parent.get(timeout=90)
         tx = ctx.Process(target=peers.sender_main,
-                         args=(kind, NUM_BLOCKS, info, [(BS, SEED, good), (2 * BS, SEED, bad)], tx_out), daemon=True)
+                         args=(kind, NUM_BLOCKS, info, jobs, tx_out), daemon=True)
         tx.start()
         results = tx_out.get(timeout=90)
         tx.join(30)
@@ -112,3 +117,14 @@ def test_handshake_names_every_mismatched_field():
 def test_plan_with_too_few_destination_blocks_is_rejected():
     with pytest.raises(ValueError, match="layer 0"):
         TransferPlan.from_blocks("r", "l", [[1, 2]], [[3]])
+
+
+def test_grpc_receiver_refuses_a_lease_it_does_not_expect(exchange):
+    kind, src, dst, results, landed, blocks = exchange
+    if kind != "grpc":
+        pytest.skip("NIXL writes are one-sided: the receiver cannot refuse them")
+    status, err_type, message = results[2]
+    assert status == "error" and "not open" in message, results[2]
+    assert ("req-3", "lease-3") not in landed
+    for (layer, kind_), arr in blocks.items():  # the block it aimed at is still zero
+        assert not arr[len(dst[layer]):].any(), (layer, kind_)

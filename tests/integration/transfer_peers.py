@@ -31,13 +31,17 @@ def make_memory(block_size: int, num_blocks: int, seed: int | None) -> KVMemory:
     return KVMemory(compat(block_size), pools)
 
 
-def receiver_main(kind: str, block_size: int, num_blocks: int, port: int, to_parent, from_parent) -> None:
-    """Expose zeroed pools, wait for the landed notification, send back the written blocks' bytes."""
+def receiver_main(kind: str, block_size: int, num_blocks: int, port: int, to_parent, from_parent,
+                  leases: list[tuple[str, str]]) -> None:
+    """Expose zeroed pools to senders of ``leases`` ((request_id, lease_id) expected), wait for the
+    landed notification, send back the written blocks' bytes."""
     mem = make_memory(block_size, num_blocks, seed=None)
 
     async def serve():
         server = None
         rx = make_receiver(kind, mem, endpoint=f"127.0.0.1:{port}")
+        for request_id, lease_id in leases:
+            rx.expect(request_id, lease_id)
         if kind == "grpc":
             import grpc
             from dayzero.rpc.v1 import transfer_pb2_grpc

@@ -20,6 +20,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--ep", type=int, default=1)
     p.add_argument("--lease-seconds", type=float, default=30.0, help="an allocation is freed after this if unused")
     p.add_argument("--kv-wait-seconds", type=float, default=30.0, help="Generate waits this long for the KV")
+    p.add_argument("--kv-drain-seconds", type=float, default=10.0,
+                   help="the blocks of a lease released before its KV landed are reused only after its prefill "
+                        "worker said it stopped writing, or after this long")
     return p
 
 
@@ -49,7 +52,8 @@ class DecodeRole(WorkerRole):
     def start_worker(self, args, engine, receiver, metrics, worker_id):
         from .worker import DecodeWorker
 
-        return DecodeWorker(engine, receiver, metrics, worker_id, args.lease_seconds).start()
+        return DecodeWorker(engine, receiver, metrics, worker_id, args.lease_seconds,
+                            drain_seconds=args.kv_drain_seconds).start()
 
     def add_servicers(self, server, args, worker, receiver):
         from dayzero.rpc.v1 import decode_pb2_grpc, transfer_pb2_grpc

@@ -43,7 +43,10 @@ class DecodeServicer(decode_pb2_grpc.DecodeServicer):
     async def Release(self, request, context):
         if not request.request_id:
             await context.abort(grpc.StatusCode.INVALID_ARGUMENT, "request_id is required")
-        found, freed = await self._on_engine(lambda: self.worker.release(request.request_id, request.lease_id))
+        if request.kv_senders < 0:
+            await context.abort(grpc.StatusCode.INVALID_ARGUMENT, "kv_senders must be >= 0")
+        found, freed = await self._on_engine(lambda: self.worker.release(request.request_id, request.lease_id,
+                                                                         request.kv_senders))
         return decode_pb2.ReleaseResponse(released=found, blocks_freed=freed)
 
     async def _wait_landed(self, request, context) -> None:

@@ -10,9 +10,8 @@ One thread owns the engine (it is not thread-safe). Everything else asks it to d
         else: wait briefly for a call
         refresh the load snapshot and the metrics
 
-A lease (``allocate``) holds blocks for a prompt's KV until a Generate consumes it; it expires
-``lease_seconds`` after allocation if the KV never lands, or ``lease_seconds`` after landing if
-no Generate comes to use it.
+A lease (``allocate``) holds blocks for a prompt's KV until a Generate consumes it (see
+``leases.LeaseBook``: expiry, and blocks held back while a prefill worker may still write them).
 """
 
 from __future__ import annotations
@@ -22,9 +21,8 @@ import logging
 import queue
 import threading
 import time
-import uuid
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 from dayzero.kvcache import KVCacheFullError
 from dayzero.rpc.v1 import transfer_pb2, worker_pb2
@@ -32,6 +30,8 @@ from dayzero.runtime.engine import Engine, StepOutput
 from dayzero.runtime.sampling import SamplingParams
 from dayzero.serving.metrics import DecodeMetrics
 from dayzero.transfer import KVReceiver
+
+from .leases import UNKNOWN_SENDERS, LeaseBook
 
 log = logging.getLogger(__name__)
 
@@ -46,16 +46,6 @@ ABORTED = Aborted()
 
 
 @dataclass
-class Lease:
-    request_id: str
-    lease_id: str
-    num_tokens: int
-    expires_at: float                                  # monotonic
-    landed: bool = False
-    waiters: list[Callable[[bool], None]] = field(default_factory=list)  # called with landed? on land/drop
-
-
-@dataclass
 class Running:
     sink: Sink
     route: str
@@ -65,14 +55,14 @@ class Running:
 
 class DecodeWorker:
     def __init__(self, engine: Engine, receiver: KVReceiver | None, metrics: DecodeMetrics, worker_id: str,
-                 lease_seconds: float = 30.0, max_waiting: int = 256):
+                 lease_seconds: float = 30.0, max_waiting: int = 256, drain_seconds: float = 10.0):
         self.engine = engine
         self.receiver = receiver
         self.metrics = metrics
         self.worker_id = worker_id
         self.lease_seconds = lease_seconds
         self.max_waiting = max_waiting
-        self.leases: dict[str, Lease] = {}             # lease_id -> lease
+        self.leases = LeaseBook(engine, receiver, metrics, lease_seconds, drain_seconds)
         self.running: dict[str, Running] = {}          # request_id -> sink
         self._calls: queue.Queue = queue.Queue()
         self._stop = threading.Event()
@@ -115,9 +105,9 @@ class DecodeWorker:
     def _loop(self) -> None:
         while not self._stop.is_set():
             busy = self.engine.has_unfinished()
-            self._run_calls(0 if busy else (0.001 if self.leases else 0.02))
-            self._poll_landed()
-            self._expire_leases()
+            self._run_calls(0 if busy else (0.001 if self.leases.busy() else 0.02))
+            self.leases.poll()
+            self.leases.expire()
             if self.engine.has_unfinished():
                 t0 = time.perf_counter()
                 try:
@@ -136,37 +126,16 @@ class DecodeWorker:
         if prompt_tokens < 1:
             raise ValueError("prompt_tokens must be >= 1")
         self._admission_check()
-        alloc = self.engine.allocate(request_id, prompt_tokens)  # KVCacheFullError / ValueError
-        lease_id = uuid.uuid4().hex
         seconds = lease_seconds if lease_seconds > 0 else self.lease_seconds
-        self.leases[lease_id] = Lease(request_id, lease_id, prompt_tokens, time.monotonic() + seconds)
-        if self.receiver is not None:
-            self.receiver.expect(request_id, lease_id)
-        return transfer_pb2.KVAllocation(
-            request_id=request_id, lease_id=lease_id, num_tokens=prompt_tokens,
-            layers=[transfer_pb2.LayerBlocks(block_ids=b) for b in alloc.layer_blocks],
-            expires_at_unix=time.time() + seconds)
+        return self.leases.allocate(request_id, prompt_tokens, seconds)
 
     def watch_lease(self, lease_id: str, request_id: str, cb: Callable[[bool], None]) -> None:
         """``cb(True)`` once the lease's KV has landed, ``cb(False)`` if the lease is gone."""
-        lease = self.leases.get(lease_id)
-        if lease is None or lease.request_id != request_id:
-            cb(False)
-        elif lease.landed:
-            cb(True)
-        else:
-            lease.waiters.append(cb)
+        self.leases.watch(lease_id, request_id, cb)
 
     def add_prefilled(self, request_id: str, lease_id: str, prompt: list[int], first_token: int,
                       params: SamplingParams, sink: Sink) -> str | None:
-        lease = self.leases.get(lease_id)
-        if lease is None or lease.request_id != request_id:
-            raise LookupError(f"no open lease {lease_id!r} for request {request_id!r} (expired or released)")
-        if not lease.landed:
-            raise LookupError(f"the KV of lease {lease_id!r} has not landed")
-        if len(prompt) != lease.num_tokens:
-            raise ValueError(f"lease {lease_id!r} holds {lease.num_tokens} tokens but the prompt has {len(prompt)}")
-        del self.leases[lease_id]
+        self.leases.take(lease_id, request_id, len(prompt))  # LookupError / ValueError
         try:
             reason = self.engine.add_prefilled(request_id, prompt, first_token, params)
         except Exception:
@@ -199,15 +168,12 @@ class DecodeWorker:
         del self.running[request_id]
         return self.engine.abort(request_id)
 
-    def release(self, request_id: str, lease_id: str) -> tuple[bool, int]:
+    def release(self, request_id: str, lease_id: str, senders: int = UNKNOWN_SENDERS) -> tuple[bool, int]:
         """Free a lease (or, with no lease id, whatever the request holds: its leases and, if it
-        runs, the request itself, whose stream then ends with an abort). (found anything, blocks freed)."""
+        runs, the request itself, whose stream then ends with an abort). ``senders``: how many
+        prefill workers were handed the lease (see ``LeaseBook.release``). (found anything, blocks freed)."""
         before = self.engine.kv.num_used_blocks
-        found = False
-        for lid, lease in list(self.leases.items()):
-            if lease.request_id == request_id and (not lease_id or lid == lease_id):
-                self._drop_lease(lid)
-                found = True
+        found = self.leases.release(request_id, lease_id, senders)
         if not lease_id:
             found = self.abort(request_id) or found
         return found, before - self.engine.kv.num_used_blocks
@@ -216,41 +182,6 @@ class DecodeWorker:
     def _admission_check(self) -> None:
         if len(self.engine.scheduler.waiting) >= self.max_waiting:
             raise KVCacheFullError(f"decode queue full ({self.max_waiting} requests waiting)")
-
-    def _drop_lease(self, lease_id: str, expired: bool = False) -> None:
-        lease = self.leases.pop(lease_id, None)
-        if lease is None:
-            return
-        if not lease.landed and self.receiver is not None:
-            self.receiver.forget(lease.request_id, lease_id)
-        self.engine.free(lease.request_id)
-        if expired:
-            self.metrics.leases_expired.inc()
-            log.warning("lease %s of %s expired (%s): blocks freed", lease_id, lease.request_id,
-                        "KV landed but never used" if lease.landed else "KV never landed")
-        for cb in lease.waiters:
-            cb(False)
-
-    def _poll_landed(self) -> None:
-        if self.receiver is None or not self.leases:
-            return
-        for request_id, lease_id in self.receiver.poll_landed():
-            lease = self.leases.get(lease_id)
-            if lease is None or lease.request_id != request_id:
-                log.info("KV landed for unknown lease %s (%s): ignored", lease_id, request_id)
-                continue
-            if not lease.landed and self.receiver is not None:
-                self.receiver.forget(request_id, lease_id)
-            lease.landed = True
-            lease.expires_at = time.monotonic() + self.lease_seconds
-            for cb in lease.waiters:
-                cb(True)
-            lease.waiters.clear()
-
-    def _expire_leases(self) -> None:
-        now = time.monotonic()
-        for lid in [lid for lid, lease in self.leases.items() if lease.expires_at <= now]:
-            self._drop_lease(lid, expired=True)
 
     def _dispatch(self, outputs: list[StepOutput]) -> None:
         now = time.perf_counter()

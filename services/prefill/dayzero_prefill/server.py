@@ -21,27 +21,38 @@ class PrefillServicer(prefill_pb2_grpc.PrefillServicer):
     def __init__(self, worker: PrefillWorker):
         self.worker = worker
 
+    async def _refuse(self, request, context, code: grpc.StatusCode, message: str) -> None:
+        """Refuse a call before it reaches the engine thread (which writes nothing for it)."""
+        if request.target.lease_id:
+            await asyncio.to_thread(self.worker.stopped, request)  # may connect to the peer: off the loop
+        await context.abort(code, message)
+
     async def Prefill(self, request, context):
+        """Every call handed a lease ends with the KV landed or with a 'stopped' notice to the
+        decode worker, sent once the call's writes are over (the engine thread sends it for the
+        jobs it ran, this method for the ones it refused or took back from the queue)."""
         m = self.worker.metrics
         if not request.request_id or not request.prompt_token_ids:
-            await context.abort(grpc.StatusCode.INVALID_ARGUMENT, "request_id and prompt_token_ids are required")
+            await self._refuse(request, context, grpc.StatusCode.INVALID_ARGUMENT,
+                               "request_id and prompt_token_ids are required")
         if not request.target.lease_id or not request.receiver.transport:
             await context.abort(grpc.StatusCode.INVALID_ARGUMENT, "target allocation and receiver are required")
         try:
             params = sampling_from_proto(request.sampling)
         except ValueError as e:
-            await context.abort(grpc.StatusCode.INVALID_ARGUMENT, str(e))
+            await self._refuse(request, context, grpc.StatusCode.INVALID_ARGUMENT, str(e))
         job = Job(request, params)
         try:
             self.worker.submit(job)
         except QueueFull as e:
             m.requests.labels("rejected").inc()
-            await context.abort(grpc.StatusCode.RESOURCE_EXHAUSTED, str(e))
+            await self._refuse(request, context, grpc.StatusCode.RESOURCE_EXHAUSTED, str(e))
         try:
             resp = await asyncio.wrap_future(job.result)
         except asyncio.CancelledError:
             job.cancelled.set()  # the caller went away: the engine thread stops between chunks
-            job.result.cancel()
+            if job.result.cancel():  # still queued: it will never run, nothing was written
+                asyncio.get_running_loop().run_in_executor(None, self.worker.stopped, request)
             m.requests.labels("cancelled").inc()
             raise
         except Cancelled:

@@ -130,15 +130,21 @@ class PrefillWorker:
             job = self._jobs.get()
             if job is None:
                 return
-            if job.result.set_running_or_notify_cancel():
+            if job.result.set_running_or_notify_cancel():  # else cancelled while queued (the servicer said so)
                 try:
                     job.result.set_result(self._run(job))
                 except BaseException as e:  # noqa: BLE001 - handed to the caller
+                    self.stopped(job.request)  # after every write of the job ended
                     job.result.set_exception(e)
             with self._lock:
                 self._queued_tokens -= job.num_tokens
                 self._queued_requests -= 1
             self._refresh()
+
+    def stopped(self, req: prefill_pb2.PrefillRequest) -> None:
+        """Tell the decode worker this call writes nothing (more) into its lease: it keeps the blocks
+        of a released lease until every prefill worker handed it has said so (one-sided writes)."""
+        self.sender.stopped(req.receiver, req.request_id, req.target.lease_id)
 
     def _run(self, job: Job) -> prefill_pb2.PrefillResponse:
         req = job.request

@@ -27,6 +27,13 @@ log = logging.getLogger(__name__)
 RETRYABLE = (grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADLINE_EXCEEDED)
 
 
+@dataclass
+class LeaseUse:
+    """What the router did with one decode lease: how many prefill calls it was handed to."""
+
+    senders: int = 0
+
+
 class RouteError(Exception):
     def __init__(self, code: grpc.StatusCode, message: str):
         super().__init__(message)
@@ -118,10 +125,11 @@ class RouterServicer(router_pb2_grpc.RouterServicer):
         self._background.add(task)
         task.add_done_callback(self._background.discard)
 
-    async def _release(self, decode: worker_pb2.WorkerRecord, rid: str, lease_id: str) -> None:
+    async def _release(self, decode: worker_pb2.WorkerRecord, rid: str, lease_id: str, senders: int = 0) -> None:
         try:
             await self.view.decode_stub(decode).Release(
-                decode_pb2.ReleaseRequest(request_id=rid, lease_id=lease_id), timeout=self.config.release_timeout)
+                decode_pb2.ReleaseRequest(request_id=rid, lease_id=lease_id, kv_senders=senders),
+                timeout=self.config.release_timeout)
         except grpc.RpcError as e:
             log.info("release of %s on %s failed (%s); the lease expires on its own", rid, decode.worker_id,
                      e.code().name)
@@ -211,13 +219,14 @@ class RouterServicer(router_pb2_grpc.RouterServicer):
             raise RouteError(grpc.StatusCode.RESOURCE_EXHAUSTED, "every decode worker is full: " + "; ".join(exhausted))
         raise RouteError(grpc.StatusCode.UNAVAILABLE, "no decode worker reachable: " + "; ".join(failed))
 
-    async def _prefill(self, rid: str, request, prompt: list[int], alloc, plan):
+    async def _prefill(self, rid: str, request, prompt: list[int], alloc, plan, use: LeaseUse):
         errors = []
         for prefill in plan.prefills[: self.config.max_prefill_attempts]:
             call = self.view.prefill_stub(prefill).Prefill(
                 prefill_pb2.PrefillRequest(request_id=rid, prompt_token_ids=prompt, sampling=request.sampling,
                                            target=alloc.allocation, receiver=alloc.receiver),
                 timeout=self.config.prefill_timeout)
+            use.senders += 1
             self.view.pending_tokens[prefill.worker_id] = self.view.pending_tokens.get(prefill.worker_id, 0) + len(prompt)
             try:
                 return await call
@@ -246,8 +255,9 @@ class RouterServicer(router_pb2_grpc.RouterServicer):
         self.view.pending_blocks[decode.worker_id] = self.view.pending_blocks.get(decode.worker_id, 0) + blocks
         call = None
         finished = False
+        use = LeaseUse()
         try:
-            presp = await self._prefill(rid, request, prompt, alloc, plan)
+            presp = await self._prefill(rid, request, prompt, alloc, plan, use)
             self.view.pending_blocks[decode.worker_id] -= blocks
             blocks = 0
             first = router_pb2.GenerateResponse(request_id=rid, token_ids=[presp.first_token_id],
@@ -267,5 +277,6 @@ class RouterServicer(router_pb2_grpc.RouterServicer):
                 self.view.pending_blocks[decode.worker_id] -= blocks
             if call is not None and not finished:
                 call.cancel()
-            if not finished:  # failed or cancelled: free the lease now rather than at expiry
-                self._spawn(self._release(decode, rid, lease))
+            if not finished:  # failed or cancelled: free the lease now rather than at expiry (the decode
+                # worker keeps its blocks until the prefill workers handed it said they stopped writing)
+                self._spawn(self._release(decode, rid, lease, use.senders))

@@ -127,16 +127,28 @@ def landed_tag(request_id: str, lease_id: str) -> bytes:
     return f"dz-kv-landed:{request_id}:{lease_id}".encode()
 
 
-def parse_landed_tag(msg: bytes) -> tuple[str, str] | None:
+def stopped_tag(request_id: str, lease_id: str) -> bytes:
+    """The notification that tells the receiver a sender gave up on a lease and writes nothing more."""
+    return f"dz-kv-stopped:{request_id}:{lease_id}".encode()
+
+
+def parse_tag(msg: bytes) -> tuple[str, str, str] | None:
+    """(kind, request_id, lease_id) of a landed/stopped notification (kind "landed" | "stopped")."""
     try:
         text = msg.decode()
     except UnicodeDecodeError:
         return None
-    if not text.startswith("dz-kv-landed:"):
-        return None
-    rest = text[len("dz-kv-landed:"):]
-    request_id, _, lease_id = rest.rpartition(":")
-    return request_id, lease_id
+    for kind in ("landed", "stopped"):
+        prefix = f"dz-kv-{kind}:"
+        if text.startswith(prefix):
+            request_id, _, lease_id = text[len(prefix):].rpartition(":")
+            return kind, request_id, lease_id
+    return None
+
+
+def parse_landed_tag(msg: bytes) -> tuple[str, str] | None:
+    tag = parse_tag(msg)
+    return tag[1:] if tag is not None and tag[0] == "landed" else None
 
 
 class KVSender(abc.ABC):
@@ -165,6 +177,11 @@ class KVSender(abc.ABC):
     def wait(self, posted, timeout: float = 30.0) -> TransferResult:
         raise NotImplementedError(f"the {self.name} transport writes synchronously; use send()")
 
+    def stopped(self, receiver: transfer_pb2.KVReceiverInfo, request_id: str, lease_id: str) -> None:
+        """Tell the receiver this sender writes nothing more into the lease (it failed or was
+        cancelled, after its writes ended). Best effort, never raises. Senders whose writes the
+        receiver performs itself (``KVReceiver.remote_writes`` False) need not say it."""
+
     def close(self) -> None:
         pass
 
@@ -174,9 +191,17 @@ class KVReceiver(abc.ABC):
 
     ``info()`` is sent out of band to the sender (the Allocate reply). ``poll_landed()`` returns
     the (request_id, lease_id) pairs completed since the last call; it never blocks long.
+
+    Leases: the owner calls ``expect`` before handing a lease to a sender and ``forget`` when it is
+    over. With ``remote_writes`` False the receiver performs every write itself and refuses those
+    of a lease it does not expect, so after ``forget`` the blocks may be reused at once. With
+    ``remote_writes`` True (one-sided RDMA) a sender may still be writing a forgotten lease: the
+    owner must keep its blocks until the sender's landed or stopped notification
+    (``poll_stopped``) or a timeout.
     """
 
     name: str = "base"
+    remote_writes: bool = False
 
     def __init__(self, memory: KVMemory):
         self.memory = memory
@@ -188,6 +213,10 @@ class KVReceiver(abc.ABC):
     @abc.abstractmethod
     def poll_landed(self) -> list[tuple[str, str]]:
         ...
+
+    def poll_stopped(self) -> list[tuple[str, str]]:
+        """(request_id, lease_id) of leases whose sender said it stopped without landing them."""
+        return []
 
     def expect(self, request_id: str, lease_id: str) -> None:
         """A sender will write this lease soon (a receiver may poll harder until ``forget``)."""

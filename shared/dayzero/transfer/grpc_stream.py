@@ -74,7 +74,11 @@ class GrpcStreamSender(KVSender):
 
 
 class GrpcStreamReceiver(KVReceiver):
-    """Receives pushed blocks into the local pools; add ``servicer()`` to an aio gRPC server."""
+    """Receives pushed blocks into the local pools; add ``servicer()`` to an aio gRPC server.
+
+    It writes every block itself and only into a lease it expects: a push for a lease that was
+    never announced, or was forgotten (released, expired) meanwhile, is refused (NOT_FOUND), so
+    the blocks of a forgotten lease can be reused at once."""
 
     name = "grpc"
 
@@ -82,6 +86,20 @@ class GrpcStreamReceiver(KVReceiver):
         super().__init__(memory)
         self.endpoint = endpoint
         self._landed: collections.deque[tuple[str, str]] = collections.deque()
+        self._lock = threading.Lock()                  # orders writes against ``forget``
+        self._open: set[tuple[str, str]] = set()       # (request_id, lease_id) a sender may write
+
+    def expect(self, request_id: str, lease_id: str) -> None:
+        with self._lock:
+            self._open.add((request_id, lease_id))
+
+    def forget(self, request_id: str, lease_id: str) -> None:
+        with self._lock:  # waits for a block copy in progress: none follows
+            self._open.discard((request_id, lease_id))
+
+    def is_open(self, request_id: str, lease_id: str) -> bool:
+        with self._lock:
+            return (request_id, lease_id) in self._open
 
     def info(self) -> transfer_pb2.KVReceiverInfo:
         return transfer_pb2.KVReceiverInfo(transport="grpc", compat=self.memory.compat.to_proto(),
@@ -97,7 +115,7 @@ class GrpcStreamReceiver(KVReceiver):
     def servicer(self) -> "KVTransferServicer":
         return KVTransferServicer(self)
 
-    def write_block(self, region: int, dst_block: int, data: bytes) -> None:
+    def write_block(self, region: int, dst_block: int, data: bytes, lease: tuple[str, str]) -> None:
         pools = self.memory.pools
         if not 0 <= region < len(pools):
             raise TransferError(f"region {region} out of range ({len(pools)} regions)")
@@ -107,7 +125,15 @@ class GrpcStreamReceiver(KVReceiver):
         if len(data) != pool.block_bytes:
             raise TransferError(f"block of {len(data)} bytes, expected {pool.block_bytes}")
         src = torch.frombuffer(bytearray(data), dtype=torch.uint8)
-        pool.block_view(dst_block).copy_(src)
+        with self._lock:
+            if lease not in self._open:
+                raise LeaseClosed(f"lease {lease[1]} of {lease[0]} is not open on this worker (expired or released); "
+                                  "nothing written")
+            pool.block_view(dst_block).copy_(src)
+
+
+class LeaseClosed(TransferError):
+    """A push for a lease the receiver does not (or no longer) expect."""
 
 
 class KVTransferServicer(transfer_pb2_grpc.KVTransferServicer):
@@ -125,14 +151,20 @@ class KVTransferServicer(transfer_pb2_grpc.KVTransferServicer):
                 except IncompatiblePeer as e:
                     await context.abort(grpc.StatusCode.FAILED_PRECONDITION, str(e))
                 continue
+            lease = (chunk.request_id, chunk.lease_id)
             if chunk.data:
                 try:
-                    self.receiver.write_block(chunk.region, chunk.dst_block, chunk.data)
+                    self.receiver.write_block(chunk.region, chunk.dst_block, chunk.data, lease)
+                except LeaseClosed as e:
+                    await context.abort(grpc.StatusCode.NOT_FOUND, str(e))
                 except TransferError as e:
                     await context.abort(grpc.StatusCode.INVALID_ARGUMENT, str(e))
                 nbytes += len(chunk.data)
                 blocks += 1
             if chunk.last:
-                self.receiver._landed.append((chunk.request_id, chunk.lease_id))
+                if not self.receiver.is_open(*lease):
+                    await context.abort(grpc.StatusCode.NOT_FOUND, f"lease {lease[1]} of {lease[0]} is not open on "
+                                                                   "this worker (expired or released)")
+                self.receiver._landed.append(lease)
                 return transfer_pb2.KVPushReply(bytes=nbytes, blocks=blocks)
         await context.abort(grpc.StatusCode.DATA_LOSS, "KV stream ended before its last chunk")

@@ -22,7 +22,7 @@ import numpy as np
 
 from dayzero.rpc.v1 import transfer_pb2
 
-from .base import KVMemory, KVReceiver, KVSender, TransferPlan, TransferResult, landed_tag, parse_landed_tag
+from .base import KVMemory, KVReceiver, KVSender, TransferPlan, TransferResult, landed_tag, parse_tag, stopped_tag
 from .handshake import IncompatiblePeer, TransferError, check_compatible
 
 log = logging.getLogger(__name__)
@@ -63,6 +63,7 @@ class NixlReceiver(KVReceiver):
     """
 
     name = "nixl"
+    remote_writes = True   # one-sided WRITEs: a sender may still write a lease after ``forget``
 
     def __init__(self, memory: KVMemory, role: str = "decode", poll_seconds: float = 0.001):
         super().__init__(memory)
@@ -71,6 +72,7 @@ class NixlReceiver(KVReceiver):
         self._metadata = self._agent.get_agent_metadata()
         self._lock = threading.Lock()
         self._landed: collections.deque[tuple[str, str]] = collections.deque()
+        self._stopped: collections.deque[tuple[str, str]] = collections.deque()
         self._expected = 0
         self._wake = threading.Event()
         self._stop = threading.Event()
@@ -98,11 +100,11 @@ class NixlReceiver(KVReceiver):
             notifs = self._agent.get_new_notifs()
         for msgs in notifs.values():
             for m in msgs:
-                tag = parse_landed_tag(m)
+                tag = parse_tag(m)
                 if tag is None:
                     log.warning("ignoring unknown NIXL notification %r", m[:64])
                 else:
-                    self._landed.append(tag)
+                    (self._landed if tag[0] == "landed" else self._stopped).append(tag[1:])
 
     def _progress(self) -> None:
         while not self._stop.is_set():
@@ -120,6 +122,12 @@ class NixlReceiver(KVReceiver):
         out = []
         while self._landed:
             out.append(self._landed.popleft())
+        return out
+
+    def poll_stopped(self) -> list[tuple[str, str]]:
+        out = []
+        while self._stopped:
+            out.append(self._stopped.popleft())
         return out
 
     def close(self) -> None:
@@ -230,6 +238,18 @@ class NixlSender(KVSender):
 
     def send(self, receiver: transfer_pb2.KVReceiverInfo, plan: TransferPlan, timeout: float = 30.0) -> TransferResult:
         return self.wait(self.post(receiver, plan, notify=True), timeout)
+
+    def stopped(self, receiver: transfer_pb2.KVReceiverInfo, request_id: str, lease_id: str) -> None:
+        if receiver.transport != "nixl" or not receiver.agent_name:
+            return
+        try:
+            with self._lock:
+                if receiver.agent_name not in self._remotes:
+                    self._agent.add_remote_agent(receiver.agent_metadata)
+                    self._remotes.add(receiver.agent_name)
+                self._agent.send_notif(receiver.agent_name, stopped_tag(request_id, lease_id))
+        except Exception as e:  # noqa: BLE001 - best effort: the receiver frees the lease after a timeout
+            log.warning("could not tell %s that lease %s is stopped: %s", receiver.agent_name, lease_id, e)
 
     def _forget(self, remote: str) -> None:
         self._remotes.discard(remote)

@@ -26,7 +26,7 @@ from dayzero.rpc.v1 import common_pb2 as dayzero_dot_rpc_dot_v1_dot_common__pb2
 from dayzero.rpc.v1 import transfer_pb2 as dayzero_dot_rpc_dot_v1_dot_transfer__pb2
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x1b\x64\x61yzero/rpc/v1/decode.proto\x12\x0e\x64\x61yzero.rpc.v1\x1a\x1b\x64\x61yzero/rpc/v1/common.proto\x1a\x1d\x64\x61yzero/rpc/v1/transfer.proto\"g\n\x0f\x41llocateRequest\x12\x12\n\nrequest_id\x18\x01 \x01(\t\x12\x15\n\rprompt_tokens\x18\x02 \x01(\x05\x12\x12\n\nmax_tokens\x18\x03 \x01(\x05\x12\x15\n\rlease_seconds\x18\x04 \x01(\x01\"v\n\x10\x41llocateResponse\x12\x30\n\nallocation\x18\x01 \x01(\x0b\x32\x1c.dayzero.rpc.v1.KVAllocation\x12\x30\n\x08receiver\x18\x02 \x01(\x0b\x32\x1e.dayzero.rpc.v1.KVReceiverInfo\"\xe7\x01\n\rDecodeRequest\x12\x12\n\nrequest_id\x18\x01 \x01(\t\x12\x18\n\x10prompt_token_ids\x18\x02 \x03(\x05\x12\x30\n\x08sampling\x18\x03 \x01(\x0b\x32\x1e.dayzero.rpc.v1.SamplingParams\x12\x10\n\x08lease_id\x18\x04 \x01(\t\x12\x16\n\x0e\x66irst_token_id\x18\x05 \x01(\x05\x12\x33\n\rfirst_logprob\x18\x06 \x01(\x0b\x32\x1c.dayzero.rpc.v1.TokenLogprob\x12\x17\n\x0fkv_wait_seconds\x18\x07 \x01(\x01\"\x88\x01\n\x0e\x44\x65\x63odeResponse\x12\x11\n\ttoken_ids\x18\x01 \x03(\x05\x12.\n\x08logprobs\x18\x02 \x03(\x0b\x32\x1c.dayzero.rpc.v1.TokenLogprob\x12\x33\n\rfinish_reason\x18\x03 \x01(\x0e\x32\x1c.dayzero.rpc.v1.FinishReason\"6\n\x0eReleaseRequest\x12\x12\n\nrequest_id\x18\x01 \x01(\t\x12\x10\n\x08lease_id\x18\x02 \x01(\t\"9\n\x0fReleaseResponse\x12\x10\n\x08released\x18\x01 \x01(\x08\x12\x14\n\x0c\x62locks_freed\x18\x02 \x01(\x05\x32\xf0\x01\n\x06\x44\x65\x63ode\x12M\n\x08\x41llocate\x12\x1f.dayzero.rpc.v1.AllocateRequest\x1a .dayzero.rpc.v1.AllocateResponse\x12K\n\x08Generate\x12\x1d.dayzero.rpc.v1.DecodeRequest\x1a\x1e.dayzero.rpc.v1.DecodeResponse0\x01\x12J\n\x07Release\x12\x1e.dayzero.rpc.v1.ReleaseRequest\x1a\x1f.dayzero.rpc.v1.ReleaseResponseb\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x1b\x64\x61yzero/rpc/v1/decode.proto\x12\x0e\x64\x61yzero.rpc.v1\x1a\x1b\x64\x61yzero/rpc/v1/common.proto\x1a\x1d\x64\x61yzero/rpc/v1/transfer.proto\"g\n\x0f\x41llocateRequest\x12\x12\n\nrequest_id\x18\x01 \x01(\t\x12\x15\n\rprompt_tokens\x18\x02 \x01(\x05\x12\x12\n\nmax_tokens\x18\x03 \x01(\x05\x12\x15\n\rlease_seconds\x18\x04 \x01(\x01\"v\n\x10\x41llocateResponse\x12\x30\n\nallocation\x18\x01 \x01(\x0b\x32\x1c.dayzero.rpc.v1.KVAllocation\x12\x30\n\x08receiver\x18\x02 \x01(\x0b\x32\x1e.dayzero.rpc.v1.KVReceiverInfo\"\xe7\x01\n\rDecodeRequest\x12\x12\n\nrequest_id\x18\x01 \x01(\t\x12\x18\n\x10prompt_token_ids\x18\x02 \x03(\x05\x12\x30\n\x08sampling\x18\x03 \x01(\x0b\x32\x1e.dayzero.rpc.v1.SamplingParams\x12\x10\n\x08lease_id\x18\x04 \x01(\t\x12\x16\n\x0e\x66irst_token_id\x18\x05 \x01(\x05\x12\x33\n\rfirst_logprob\x18\x06 \x01(\x0b\x32\x1c.dayzero.rpc.v1.TokenLogprob\x12\x17\n\x0fkv_wait_seconds\x18\x07 \x01(\x01\"\x88\x01\n\x0e\x44\x65\x63odeResponse\x12\x11\n\ttoken_ids\x18\x01 \x03(\x05\x12.\n\x08logprobs\x18\x02 \x03(\x0b\x32\x1c.dayzero.rpc.v1.TokenLogprob\x12\x33\n\rfinish_reason\x18\x03 \x01(\x0e\x32\x1c.dayzero.rpc.v1.FinishReason\"J\n\x0eReleaseRequest\x12\x12\n\nrequest_id\x18\x01 \x01(\t\x12\x10\n\x08lease_id\x18\x02 \x01(\t\x12\x12\n\nkv_senders\x18\x03 \x01(\x05\"9\n\x0fReleaseResponse\x12\x10\n\x08released\x18\x01 \x01(\x08\x12\x14\n\x0c\x62locks_freed\x18\x02 \x01(\x05\x32\xf0\x01\n\x06\x44\x65\x63ode\x12M\n\x08\x41llocate\x12\x1f.dayzero.rpc.v1.AllocateRequest\x1a .dayzero.rpc.v1.AllocateResponse\x12K\n\x08Generate\x12\x1d.dayzero.rpc.v1.DecodeRequest\x1a\x1e.dayzero.rpc.v1.DecodeResponse0\x01\x12J\n\x07Release\x12\x1e.dayzero.rpc.v1.ReleaseRequest\x1a\x1f.dayzero.rpc.v1.ReleaseResponseb\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
@@ -42,9 +42,9 @@ if not _descriptor._USE_C_DESCRIPTORS:
   _globals['_DECODERESPONSE']._serialized_start=567
   _globals['_DECODERESPONSE']._serialized_end=703
   _globals['_RELEASEREQUEST']._serialized_start=705
-  _globals['_RELEASEREQUEST']._serialized_end=759
-  _globals['_RELEASERESPONSE']._serialized_start=761
-  _globals['_RELEASERESPONSE']._serialized_end=818
-  _globals['_DECODE']._serialized_start=821
-  _globals['_DECODE']._serialized_end=1061
+  _globals['_RELEASEREQUEST']._serialized_end=779
+  _globals['_RELEASERESPONSE']._serialized_start=781
+  _globals['_RELEASERESPONSE']._serialized_end=838
+  _globals['_DECODE']._serialized_start=841
+  _globals['_DECODE']._serialized_end=1081
 # @@protoc_insertion_point(module_scope)

@@ -57,12 +57,14 @@ class DecodeResponse(_message.Message):
     def __init__(self, token_ids: _Optional[_Iterable[int]] = ..., logprobs: _Optional[_Iterable[_Union[_common_pb2.TokenLogprob, _Mapping]]] = ..., finish_reason: _Optional[_Union[_common_pb2.FinishReason, str]] = ...) -> None: ...
 
 class ReleaseRequest(_message.Message):
-    __slots__ = ("request_id", "lease_id")
+    __slots__ = ("request_id", "lease_id", "kv_senders")
     REQUEST_ID_FIELD_NUMBER: _ClassVar[int]
     LEASE_ID_FIELD_NUMBER: _ClassVar[int]
+    KV_SENDERS_FIELD_NUMBER: _ClassVar[int]
     request_id: str
     lease_id: str
-    def __init__(self, request_id: _Optional[str] = ..., lease_id: _Optional[str] = ...) -> None: ...
+    kv_senders: int
+    def __init__(self, request_id: _Optional[str] = ..., lease_id: _Optional[str] = ..., kv_senders: _Optional[int] = ...) -> None: ...
 
 class ReleaseResponse(_message.Message):
     __slots__ = ("released", "blocks_freed")
