@@ -9,6 +9,8 @@ router, prefill and decode over NIXL; no frontend).
   live one alone, and a Release by request id ends the victim's stream (ABORT) instead of leaving
   it waiting forever;
 - Release and Prefill answer bad input with INVALID_ARGUMENT;
+- a call that stays silent for many keepalive pings (a Generate waiting for its KV, a long
+  prefill) is not cut off by the server's ping policy;
 - the blocks of a lease released while its prefill worker may still write them (NIXL writes are
   one-sided) are not handed to another request until that worker says it stopped or its KV
   landed; a cancelled prefill says so at once, so a released lease does not sit out the timeout.
@@ -28,6 +30,7 @@ import pytest
 
 import stack_harness as sh
 from dayzero.rpc.v1 import common_pb2, decode_pb2, decode_pb2_grpc, prefill_pb2, prefill_pb2_grpc, router_pb2
+from dayzero.serving.grpc_util import CHANNEL_OPTIONS, MIN_PING_INTERVAL_MS
 
 pytestmark = [pytest.mark.e2e, pytest.mark.timeout(300)]
 
@@ -232,3 +235,23 @@ def test_a_cancelled_prefill_says_it_stopped_so_its_released_lease_is_freed_at_o
         sh.wait_until(lambda: sh.all_free(sh.worker_load(stack, n) for n in ("decode-0", "prefill-0")), DRAIN,
                       "both workers to free everything")
         assert time.monotonic() - t0 < DRAIN / 2, "the decode worker waited for the drain timeout"
+
+
+def test_a_call_silent_for_many_keepalive_pings_is_not_cut_off(stack, decode):
+    """The router's channels ping idle connections (keepalive). gRPC's default server policy
+    answers the third such ping with GOAWAY too_many_pings, which failed every call silent for
+    ~40 s (a long prefill, a Generate waiting for its KV) with UNAVAILABLE. This client pings as
+    often as the servers promise to accept; its Generate waits for KV that never comes."""
+    options = [o for o in CHANNEL_OPTIONS if o[0] != "grpc.keepalive_time_ms"]
+    options.append(("grpc.keepalive_time_ms", MIN_PING_INTERVAL_MS))
+    wait = 8 * MIN_PING_INTERVAL_MS / 1000
+    alloc = decode.Allocate(decode_pb2.AllocateRequest(request_id="silent", prompt_tokens=100, lease_seconds=30),
+                            timeout=10).allocation
+    with grpc.insecure_channel(f"127.0.0.1:{stack.workers['decode-0'].grpc_port}", options=options) as ch:
+        t0 = time.monotonic()
+        with pytest.raises(grpc.RpcError) as e:
+            list(decode_pb2_grpc.DecodeStub(ch).Generate(decode_pb2.DecodeRequest(
+                request_id="silent", prompt_token_ids=[1] * 100, sampling=_greedy(2), lease_id=alloc.lease_id,
+                first_token_id=1, kv_wait_seconds=wait), timeout=60))
+    assert e.value.code() == grpc.StatusCode.DEADLINE_EXCEEDED, e.value.details()
+    assert "did not land" in e.value.details() and time.monotonic() - t0 >= wait

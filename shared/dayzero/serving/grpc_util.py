@@ -10,12 +10,18 @@ import grpc
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 
 MAX_MESSAGE_BYTES = 64 * 1024 * 1024
+KEEPALIVE_MS = 10000            # our channels ping an idle connection this often (a dead peer shows in ~15 s)
+MIN_PING_INTERVAL_MS = 1000     # our servers accept pings this often, calls or not (must be <= KEEPALIVE_MS:
+                                # gRPC's default, 5 min, answers a third early ping with GOAWAY too_many_pings,
+                                # failing every call that has been silent ~40 s, e.g. a long prefill)
 SERVER_OPTIONS = [("grpc.max_send_message_length", MAX_MESSAGE_BYTES),
                   ("grpc.max_receive_message_length", MAX_MESSAGE_BYTES),
-                  ("grpc.so_reuseport", 0)]
+                  ("grpc.so_reuseport", 0),
+                  ("grpc.keepalive_permit_without_calls", 1),
+                  ("grpc.http2.min_ping_interval_without_data_ms", MIN_PING_INTERVAL_MS)]
 CHANNEL_OPTIONS = [("grpc.max_send_message_length", MAX_MESSAGE_BYTES),
                    ("grpc.max_receive_message_length", MAX_MESSAGE_BYTES),
-                   ("grpc.keepalive_time_ms", 10000),
+                   ("grpc.keepalive_time_ms", KEEPALIVE_MS),
                    ("grpc.keepalive_timeout_ms", 5000),
                    ("grpc.keepalive_permit_without_calls", 1),
                    ("grpc.http2.max_pings_without_data", 0)]
