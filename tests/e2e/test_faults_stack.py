@@ -9,6 +9,8 @@ The prefill worker runs with small chunks and a per-chunk delay (a fault-injecti
 from __future__ import annotations
 
 import json
+import os
+import signal
 import threading
 import time
 import urllib.request
@@ -131,6 +133,36 @@ def test_frontend_stream_disconnect_frees_blocks(stack):
             # still streaming: the blocks are held
             assert sh.worker_load(stack, "decode-0").kv_blocks_used > 0, events
     _free(stack, ["decode-0", "prefill-0"])
+
+
+def test_a_frozen_router_ends_the_frontend_stream_with_an_error(stack, router):
+    """The router stops answering without closing its connections (SIGSTOP: like a host that
+    vanished): the frontend's keepalive notices, and the stream ends with an error event."""
+    httpx = pytest.importorskip("httpx")
+    body = {"model": "tiny", "prompt": sh.random_prompt(LONG // 4, 13), "max_tokens": 3000, "stream": True,
+            "temperature": 0, "ignore_eos": True}
+    pid = stack.router.process.pid
+    events, t0 = [], None
+    try:
+        with httpx.Client(base_url=stack.frontend_url, timeout=60) as client:
+            with client.stream("POST", "/v1/completions", json=body) as resp:
+                assert resp.status_code == 200
+                for line in resp.iter_lines():
+                    if line.startswith("data: "):
+                        events.append(line[6:])
+                    if len(events) == 3 and t0 is None:
+                        t0 = time.monotonic()
+                        os.kill(pid, signal.SIGSTOP)
+        elapsed = time.monotonic() - t0
+    finally:
+        os.kill(pid, signal.SIGCONT)
+    assert events[-1] == "[DONE]"
+    error = json.loads(events[-2]).get("error")
+    assert error and "router" in error["message"], events[-2]
+    assert elapsed < 40, elapsed
+    _free(stack, ["decode-0", "prefill-0"], timeout=30)
+    msgs = list(router.Generate(_request("after-frozen-router", 10, 3), timeout=60))
+    assert sum(len(m.token_ids) for m in msgs) == 3
 
 
 def test_kill_prefill_mid_request_gives_a_clear_error_and_frees_the_lease(stack, router):

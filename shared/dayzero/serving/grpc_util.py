@@ -23,6 +23,7 @@ CHANNEL_OPTIONS = [("grpc.max_send_message_length", MAX_MESSAGE_BYTES),
                    ("grpc.max_receive_message_length", MAX_MESSAGE_BYTES),
                    ("grpc.keepalive_time_ms", KEEPALIVE_MS),
                    ("grpc.keepalive_timeout_ms", 5000),
+                   ("grpc.http2.ping_timeout_ms", 5000),  # what bounds the wait for a ping's ack (default 60 s)
                    ("grpc.keepalive_permit_without_calls", 1),
                    ("grpc.http2.max_pings_without_data", 0)]
 
