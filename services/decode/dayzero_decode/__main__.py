@@ -18,7 +18,10 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--max-batch", type=int, default=64, help="running sequences per step")
     p.add_argument("--chunk-size", type=int, default=2048, help="tokens per forward pass (local prefill chunk)")
     p.add_argument("--ep", type=int, default=1)
-    p.add_argument("--lease-seconds", type=float, default=30.0, help="an allocation is freed after this if unused")
+    p.add_argument("--lease-seconds", type=float, default=30.0,
+                   help="an allocation whose caller names no lease time is freed after this if its KV never "
+                        "lands (the router names one covering its prefill wait); landed KV waits this long for "
+                        "its Generate")
     p.add_argument("--kv-wait-seconds", type=float, default=30.0, help="Generate waits this long for the KV")
     p.add_argument("--kv-drain-seconds", type=float, default=10.0,
                    help="the blocks of a lease released before its KV landed are reused only after its prefill "
