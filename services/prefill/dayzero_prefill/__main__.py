@@ -37,7 +37,8 @@ class PrefillRole(WorkerRole):
 
         blocks = -(-args.max_model_len // args.block_size) + 1  # batch 1: one full-length sequence
         return EngineConfig(block_size=args.block_size, num_kv_blocks=blocks, max_num_seqs=1,
-                            max_num_batched_tokens=args.chunk_size, max_model_len=args.max_model_len, max_kv_seqs=2)
+                            max_num_batched_tokens=args.chunk_size, max_model_len=args.max_model_len, max_kv_seqs=2,
+                            cuda_graphs=False)  # prefill only: no decode steps to replay
 
     def open_transport(self, args, memory, endpoint):
         from dayzero.transfer import make_sender

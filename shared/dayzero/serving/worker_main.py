@@ -157,6 +157,9 @@ async def run_worker(role: WorkerRole, args: argparse.Namespace) -> int:
     config = role.engine_config(args)
     engine = await asyncio.to_thread(Engine.from_dir, args.model, dtype=args.dtype, backend=backend,
                                      device=args.device, config=config, max_positions=args.max_model_len)
+    graphs = await asyncio.to_thread(engine.warmup)  # capture decode CUDA graphs before reporting ready
+    if graphs:
+        log.info("captured %d decode CUDA graphs", graphs)
     memory = kv_memory(engine.kv, model_id(args.model), args.tp)
     try:
         transport = role.open_transport(args, memory, address)
