@@ -23,6 +23,8 @@ def build_parser() -> argparse.ArgumentParser:
                         "lands (the router names one covering its prefill wait); landed KV waits this long for "
                         "its Generate")
     p.add_argument("--kv-wait-seconds", type=float, default=30.0, help="Generate waits this long for the KV")
+    p.add_argument("--fault-allocate-delay", type=float, default=0.0,
+                   help="testing only: the engine thread stalls this long after each allocation")
     p.add_argument("--kv-drain-seconds", type=float, default=10.0,
                    help="the blocks of a lease released before its KV landed are reused only after its prefill "
                         "worker said it stopped writing, or after this long")
@@ -56,7 +58,8 @@ class DecodeRole(WorkerRole):
         from .worker import DecodeWorker
 
         return DecodeWorker(engine, receiver, metrics, worker_id, args.lease_seconds,
-                            drain_seconds=args.kv_drain_seconds).start()
+                            drain_seconds=args.kv_drain_seconds,
+                            fault_allocate_delay=args.fault_allocate_delay).start()
 
     def add_servicers(self, server, args, worker, receiver):
         from dayzero.rpc.v1 import decode_pb2_grpc, transfer_pb2_grpc

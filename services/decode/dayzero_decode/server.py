@@ -34,11 +34,24 @@ class DecodeServicer(decode_pb2_grpc.DecodeServicer):
         try:
             alloc = await self._on_engine(lambda: self.worker.allocate(
                 request.request_id, request.prompt_tokens, request.lease_seconds))
+        except asyncio.CancelledError:
+            # the caller gave up (deadline or cancel) while the allocation may have gone through: nobody
+            # would ever learn the lease id, so free what the request holds (the engine thread runs
+            # calls in order, so this runs after the allocation if that started)
+            self._release_orphan(request.request_id)
+            raise
         except KVCacheFullError as e:
             await context.abort(grpc.StatusCode.RESOURCE_EXHAUSTED, str(e))
         except ValueError as e:
             await context.abort(grpc.StatusCode.INVALID_ARGUMENT, str(e))
+        remaining = context.time_remaining()
+        if remaining is not None and remaining <= 0:  # the reply would go nowhere
+            self._release_orphan(request.request_id)
+            await context.abort(grpc.StatusCode.DEADLINE_EXCEEDED, "allocation finished after the caller's deadline; freed")
         return decode_pb2.AllocateResponse(allocation=alloc, receiver=self.receiver_info)
+
+    def _release_orphan(self, request_id: str) -> None:
+        self.worker.call(lambda: self.worker.release(request_id, "", 0))
 
     async def Release(self, request, context):
         if not request.request_id:

@@ -55,8 +55,10 @@ class Running:
 
 class DecodeWorker:
     def __init__(self, engine: Engine, receiver: KVReceiver | None, metrics: DecodeMetrics, worker_id: str,
-                 lease_seconds: float = 30.0, max_waiting: int = 256, drain_seconds: float = 10.0):
+                 lease_seconds: float = 30.0, max_waiting: int = 256, drain_seconds: float = 10.0,
+                 fault_allocate_delay: float = 0.0):
         self.engine = engine
+        self.fault_allocate_delay = fault_allocate_delay  # tests: an allocation that outlives its caller
         self.receiver = receiver
         self.metrics = metrics
         self.worker_id = worker_id
@@ -127,7 +129,10 @@ class DecodeWorker:
             raise ValueError("prompt_tokens must be >= 1")
         self._admission_check()
         seconds = lease_seconds if lease_seconds > 0 else self.lease_seconds
-        return self.leases.allocate(request_id, prompt_tokens, seconds)
+        alloc = self.leases.allocate(request_id, prompt_tokens, seconds)
+        if self.fault_allocate_delay > 0:
+            time.sleep(self.fault_allocate_delay)
+        return alloc
 
     def watch_lease(self, lease_id: str, request_id: str, cb: Callable[[bool], None]) -> None:
         """``cb(True)`` once the lease's KV has landed, ``cb(False)`` if the lease is gone."""

@@ -206,8 +206,13 @@ class RouterServicer(router_pb2_grpc.RouterServicer):
                                                lease_seconds=self.config.lease_seconds),
                     timeout=self.config.allocate_timeout)
                 return decode, resp
+            except asyncio.CancelledError:
+                self._spawn(self._release(decode, rid, "", 0))  # it may have allocated: free it
+                raise
             except grpc.RpcError as e:
                 code = e.code()
+                if code == grpc.StatusCode.DEADLINE_EXCEEDED:  # the reply may be lost after allocating
+                    self._spawn(self._release(decode, rid, "", 0))
                 if code == grpc.StatusCode.RESOURCE_EXHAUSTED:
                     exhausted.append(f"{decode.worker_id}: {e.details()}")
                 elif code in RETRYABLE:
