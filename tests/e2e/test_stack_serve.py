@@ -160,3 +160,37 @@ def _decode_http_port(pid: int) -> int:
     with open(f"/proc/{pid}/cmdline", "rb") as f:
         argv = f.read().decode().split("\0")
     return int(argv[argv.index("--http-port") + 1])
+
+
+def _descendants(pid: int) -> list[int]:
+    out, todo = [], [pid]
+    while todo:
+        kids = _children(todo.pop())
+        out += kids
+        todo += kids
+    return out
+
+
+@pytest.mark.skipif(redis_server_binary() is None, reason="the default run uses redis-server")
+def test_children_end_when_serve_is_sigkilled(tmp_path):
+    """``kill -9`` of ``dayzero serve`` leaves nothing running: each service watches its parent,
+    and redis-server runs under the same watch (``dayzero.serving.parent_watch``)."""
+    proc, _port, _ready_s, log_path = _serve(tmp_path)
+    family = _descendants(proc.pid)
+    try:
+        names = []
+        for pid in family:
+            with open(f"/proc/{pid}/cmdline", "rb") as f:
+                names.append(f.read().replace(b"\0", b" ").decode(errors="replace"))
+        assert any("redis-server" in n and "parent_watch" not in n for n in names), names
+        assert sum("dayzero_" in n for n in names) >= 4, names
+        proc.kill()
+        proc.wait(10)
+        deadline = time.monotonic() + 40
+        while any(_alive(p) for p in family) and time.monotonic() < deadline:
+            time.sleep(0.2)
+        assert not [p for p in family if _alive(p)], "processes outlived a SIGKILLed serve:\n" + log_path.read_text()
+    finally:
+        for pid in family:
+            if _alive(pid):
+                os.kill(pid, signal.SIGKILL)

@@ -7,6 +7,8 @@ import logging
 import os
 import sys
 
+from dayzero.serving.parent_watch import exit_with_parent
+
 DEFAULT_MODEL_NAME = "gpt-oss"
 DEFAULT_MAX_MODEL_LEN = 131072
 
@@ -30,6 +32,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
+    exit_with_parent()
     logging.basicConfig(level=args.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     if args.max_model_len < 2:
         print("error: --max-model-len must be at least 2", file=sys.stderr)

@@ -11,6 +11,7 @@ import asyncio
 import sys
 
 from dayzero.serving.grpc_util import GrpcServer, setup_logging, wait_for_stop
+from dayzero.serving.parent_watch import exit_with_parent
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -90,6 +91,7 @@ async def serve(args) -> int:
 
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
+    exit_with_parent()
     return asyncio.run(serve(args))
 
 

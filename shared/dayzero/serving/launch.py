@@ -2,7 +2,8 @@
 
 Used by ``dayzero serve`` and by the tests that run the real stack. Every child gets its own
 process group so a stop reaches its children too; ``stop`` sends SIGTERM, then SIGKILL after a
-grace period.
+grace period. Every child also ends by itself if this process dies without stopping it
+(``parent_watch``).
 """
 
 from __future__ import annotations
@@ -19,6 +20,8 @@ import time
 import urllib.error
 import urllib.request
 from dataclasses import dataclass, field
+
+from dayzero.serving.parent_watch import PARENT_ENV
 
 log = logging.getLogger(__name__)
 
@@ -48,9 +51,11 @@ class ManagedProcess:
     def start(self) -> "ManagedProcess":
         os.makedirs(os.path.dirname(self.log_path) or ".", exist_ok=True)
         out = open(self.log_path, "ab")
+        env = dict(os.environ if self.env is None else self.env)
+        env[PARENT_ENV] = str(os.getpid())  # the child ends when we do (parent_watch)
         try:
             self.proc = subprocess.Popen(self.argv, stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-                                         env=self.env, start_new_session=True)
+                                         env=env, start_new_session=True)
         finally:
             out.close()
         return self
@@ -150,6 +155,7 @@ def start_redis(port: int, log_dir: str, host: str = "127.0.0.1", timeout: float
         raise ProcessFailed("redis-server is not installed")
     argv = [binary, "--port", str(port), "--bind", host, "--save", "", "--appendonly", "no",
             "--protected-mode", "no", "--dir", log_dir]
+    argv = python_module("dayzero.serving.parent_watch", "--", *argv)  # redis cannot watch its parent
     p = ManagedProcess("redis-server", argv, os.path.join(log_dir, f"redis-{port}.log")).start()
     deadline = time.monotonic() + timeout
     while not redis_ping(port, host):

@@ -21,6 +21,7 @@ import grpc
 
 from dayzero.rpc.v1 import worker_pb2, worker_pb2_grpc
 from dayzero.serving.grpc_util import GrpcServer, setup_logging, wait_for_stop
+from dayzero.serving.parent_watch import exit_with_parent
 
 WORKER_SERVICE = "dayzero.rpc.v1.Worker"
 
@@ -121,6 +122,7 @@ def worker_parser(name: str, default_port: int) -> argparse.ArgumentParser:
 def worker_main(role: WorkerRole, parser: argparse.ArgumentParser, argv: list[str] | None = None) -> int:
     """Parse the command line and run the worker (the body of each worker's ``main``)."""
     args = parser.parse_args(argv)
+    exit_with_parent()
     os.environ.setdefault("OMP_NUM_THREADS", "2")
     return asyncio.run(run_worker(role, args))
 
