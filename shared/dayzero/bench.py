@@ -12,9 +12,12 @@ cost of 1M input tokens at ``--usd-per-gpu-hour``. Decode = steps of one new tok
 argmax included), tokens/s over ``--steps`` steps; ``--graphs on`` (the default where the engine
 uses them: FP8 on a GPU backend) replays the engine's CUDA graph of the step (captured in the
 untimed warm-up step, for the batch's bucket), ``off`` runs eagerly, ``both`` gives a row of each.
-``--breakdown`` times every kernel op call in one extra eager run/step: GPU time with CUDA events
-and the host time of the Python call (what bounds decode without CUDA graphs), keyed by op and,
-for ``linear``, by weight shape.
+``--breakdown`` profiles one extra eager run/step (``dayzero.bench_breakdown``): per kernel op (keyed by
+op and, for ``linear``, by weight shape) the GPU time of the kernels it launched (torch.profiler,
+correct however far the host runs ahead), the host time of the call and the call count, plus the
+GPU time outside every op; the sum is printed beside the untimed forward (prefill: the median run;
+decode: the timed step, graph or eager). ``--breakdown-mode sync`` times each op between device
+syncs instead (a fallback).
 Prints a table and writes JSON (``--json PATH``).
 """
 
@@ -27,7 +30,6 @@ import os
 import statistics
 import sys
 import time
-from collections import defaultdict
 
 import torch
 
@@ -44,6 +46,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--context", type=int, default=1024, help="decode: prompt tokens per sequence")
     p.add_argument("--steps", type=int, default=32, help="decode: timed steps")
     p.add_argument("--breakdown", action="store_true", help="per-op time breakdown (one extra eager run)")
+    p.add_argument("--breakdown-mode", choices=("profile", "sync"), default="profile",
+                   help="profile: kernel time per op from torch.profiler; sync: device sync around each op")
     p.add_argument("--graphs", choices=("auto", "on", "off", "both"), default="auto",
                    help="decode: CUDA graphs (auto: where the engine would use them)")
     p.add_argument("--usd-per-gpu-hour", type=float, default=3.0)
@@ -111,45 +115,6 @@ def build_model(args, max_positions: int):
     return random_model(preset(args.model), args.dtype, args.backend, args.device, args.seed, max_positions)
 
 
-class OpTimer:
-    """Wraps a model's op table so every call records CUDA events; ``totals()`` sums ms per key."""
-
-    def __init__(self, model) -> None:
-        from dayzero.kernels.registry import Ops
-
-        self.model, self.orig, self.events = model, model.ops, []
-        table = {name: self._wrap(name, fn) for name, fn in self.orig.table.items()}
-        model.ops = Ops(backend=self.orig.backend, table=table, fallbacks=self.orig.fallbacks)
-
-    def _wrap(self, name, fn):
-        def timed(*a, **kw):
-            key = name
-            if name == "linear":
-                w = a[1].weight
-                key = f"linear[{w.shape[0]}x{w.shape[1]}{',fp8' if w.dtype == torch.float8_e4m3fn else ''}]"
-            e0, e1 = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-            e0.record()
-            t0 = time.perf_counter()
-            out = fn(*a, **kw)
-            host = time.perf_counter() - t0
-            e1.record()
-            self.events.append((key, e0, e1, host))
-            return out
-        return timed
-
-    def totals(self) -> dict[str, dict[str, float]]:
-        """{op key: {"gpu_ms": event time, "host_ms": time the Python call took (launch cost), "calls": n}}."""
-        torch.cuda.synchronize()
-        tot: dict[str, dict[str, float]] = defaultdict(lambda: {"gpu_ms": 0.0, "host_ms": 0.0, "calls": 0})
-        for key, e0, e1, host in self.events:
-            t = tot[key]
-            t["gpu_ms"] += e0.elapsed_time(e1)
-            t["host_ms"] += host * 1e3
-            t["calls"] += 1
-        self.model.ops = self.orig
-        return dict(sorted(tot.items(), key=lambda kv: -kv[1]["gpu_ms"]))
-
-
 def _kv(model, seqs: int, tokens: int):
     from dayzero.kvcache import KVCacheManager
     from dayzero.kvcache.pool import KVCacheSpec
@@ -158,7 +123,18 @@ def _kv(model, seqs: int, tokens: int):
     return KVCacheManager(spec, seqs * math.ceil(tokens / 16) + 8, max_seqs=seqs, device=model.device)
 
 
-def bench_prefill(model, tokens: int, repeat: int, breakdown: bool, usd: float, seed: int) -> dict:
+def _breakdown(model, run_once, untimed_ms: float, mode: str) -> dict:
+    """Per-op breakdown of one ``run_once()``; a failure is recorded in the row, not raised."""
+    from dayzero.bench_breakdown import OpProfiler
+
+    try:
+        bd = OpProfiler(model, mode).run(run_once)
+        return {"breakdown_ms": bd.to_json(), "breakdown_check": bd.summary(untimed_ms)}
+    except Exception as e:  # noqa: BLE001 - the timing rows stay useful without the breakdown
+        return {"breakdown_error": f"{type(e).__name__}: {e}"}
+
+
+def bench_prefill(model, tokens: int, repeat: int, breakdown: bool | str, usd: float, seed: int) -> dict:
     from dayzero.runtime.model_runner import ModelRunner, SeqChunk
 
     kv = _kv(model, 1, tokens)
@@ -187,14 +163,12 @@ def bench_prefill(model, tokens: int, repeat: int, breakdown: bool, usd: float, 
     sec = statistics.median(times)
     res = {"mode": "prefill", "tokens": tokens, "seconds": sec, "all_seconds": times,
            "tokens_per_s": tokens / sec, "usd_per_1m_input_tokens": sec * usd / 3600 * 1e6 / tokens}
-    if breakdown and cuda:
-        timer = OpTimer(model)
-        once()
-        res["breakdown_ms"] = timer.totals()
+    if breakdown:
+        res.update(_breakdown(model, once, sec * 1e3, breakdown if isinstance(breakdown, str) else "profile"))
     return res
 
 
-def bench_decode(model, batch: int, context: int, steps: int, seed: int, breakdown: bool = False,
+def bench_decode(model, batch: int, context: int, steps: int, seed: int, breakdown: bool | str = False,
                  graphs: bool = False) -> dict:
     from dayzero.runtime.cuda_graph import DEFAULT_BUCKETS
     from dayzero.runtime.model_runner import ModelRunner, SeqChunk
@@ -214,9 +188,9 @@ def bench_decode(model, batch: int, context: int, steps: int, seed: int, breakdo
         last += [int(lg.argmax()) for lg in runner.run(chunk)]
     pos = context
 
-    def step() -> None:
+    def step(r: ModelRunner = runner) -> None:
         nonlocal last, pos
-        out = runner.run([SeqChunk(s, [t], pos) for s, t in zip(seqs, last)])
+        out = r.run([SeqChunk(s, [t], pos) for s, t in zip(seqs, last)])
         last = torch.cat(out).argmax(-1).tolist()                   # greedy, one host sync per step
         pos += 1
 
@@ -233,16 +207,19 @@ def bench_decode(model, batch: int, context: int, steps: int, seed: int, breakdo
     res = {"mode": "decode", "batch": batch, "context": context, "steps": steps, "ms_per_step": dt * 1e3,
            "tokens_per_s": batch / dt, "tokens_per_s_per_seq": 1 / dt, "cuda_graphs": graphs,
            "graph_bucket": bucket if graphs else None, "warmup_s": warm}
-    if breakdown and model.device.type == "cuda" and not graphs:
-        timer = OpTimer(model)
-        step()
-        res["breakdown_ms"] = timer.totals()
+    if breakdown:  # one eager step (a graph replay hides its ops); the same kernels the graph replays
+        eager = ModelRunner(model, kv, cuda_graphs=False) if graphs else runner
+        res.update(_breakdown(model, lambda: step(eager), dt * 1e3, breakdown if isinstance(breakdown, str)
+                              else "profile"))
     return res
 
 
-def _print_breakdown(bd: dict | None) -> None:
-    for k, v in (bd or {}).items():
-        print(f"  {k:40s} gpu {v['gpu_ms']:9.2f} ms  host {v['host_ms']:9.2f} ms  calls {v['calls']}")
+def _print_breakdown(row: dict) -> None:
+    from dayzero.bench_breakdown import print_breakdown
+
+    print_breakdown(row.get("breakdown_ms"), row.get("breakdown_check"))
+    if row.get("breakdown_error"):
+        print(f"  breakdown failed: {row['breakdown_error']}")
 
 
 def run(args: argparse.Namespace) -> int:
@@ -262,22 +239,24 @@ def run(args: argparse.Namespace) -> int:
             "commit": os.environ.get("DAYZERO_COMMIT", "unknown")}
     rows = []
     if args.mode == "prefill":
-        rows.append(bench_prefill(model, args.tokens, args.repeat, args.breakdown, args.usd_per_gpu_hour, args.seed))
+        bd = args.breakdown and args.breakdown_mode
+        rows.append(bench_prefill(model, args.tokens, args.repeat, bd, args.usd_per_gpu_hour, args.seed))
         r = rows[0]
         print(f"prefill {args.model} {args.dtype}/{args.backend} {r['tokens']} tokens: {r['seconds']:.4f} s "
               f"({r['tokens_per_s']:.0f} tok/s, ${r['usd_per_1m_input_tokens']:.4f} per 1M input tokens)")
-        _print_breakdown(r.get("breakdown_ms"))
+        _print_breakdown(r)
     else:
         from dayzero.runtime.model_runner import graphs_by_default
 
         modes = {"auto": [graphs_by_default(model)], "on": [True], "off": [False], "both": [True, False]}[args.graphs]
         for b in [int(x) for x in args.batch.split(",") if x]:
             for graphs in modes:
-                rows.append(bench_decode(model, b, args.context, args.steps, args.seed, args.breakdown, graphs))
+                bd = args.breakdown and args.breakdown_mode
+                rows.append(bench_decode(model, b, args.context, args.steps, args.seed, bd, graphs))
                 r = rows[-1]
                 print(f"decode {args.model} batch {b} ctx {args.context} {'graph' if graphs else 'eager'}: "
                       f"{r['ms_per_step']:.2f} ms/step, {r['tokens_per_s']:.1f} tok/s (warm-up {r['warmup_s']:.1f} s)")
-                _print_breakdown(r.get("breakdown_ms"))
+                _print_breakdown(r)
     if args.json:
         with open(args.json, "w", encoding="utf-8") as f:
             json.dump({"meta": meta, "rows": rows}, f, indent=1)
