@@ -56,6 +56,7 @@ class Breakdown:
     outside_ms: float = 0.0                     # GPU time launched outside every op range
     wall_ms: float = 0.0                        # the profiled forward, host wall clock (device synced)
     gpu_events: int = 0
+    unmatched_launches: int = 0                 # GPU events whose launch call the trace did not show
 
     @property
     def ops_ms(self) -> float:
@@ -72,6 +73,7 @@ class Breakdown:
         """The check: per-op sum (+ outside) against the untimed forward of the same shape."""
         out = {"mode": self.mode, "ops_sum_ms": self.ops_ms, "outside_ops_ms": self.outside_ms,
                "total_ms": self.total_ms, "profiled_wall_ms": self.wall_ms, "gpu_events": self.gpu_events,
+               "unmatched_launches": self.unmatched_launches,
                "untimed_forward_ms": untimed_ms}
         if untimed_ms:
             out["total_over_untimed"] = self.total_ms / untimed_ms
@@ -172,12 +174,16 @@ def attribute(events: list[dict]) -> Breakdown:
     launches: dict[object, tuple[object, float]] = {}                          # correlation -> (tid, ts)
     gpu: list[dict] = []
     host: dict[str, OpStat] = defaultdict(OpStat)
+    ext_keys: dict[object, str] = {}                                           # External id -> op range key
     for e in events:
         if e.get("ph") != "X":
             continue
         cat, name = e.get("cat", ""), e.get("name", "")
         if cat == "user_annotation" and name.startswith("op:"):
             key = name[3:]
+            ext = (e.get("args") or {}).get("External id")
+            if ext is not None:
+                ext_keys[ext] = key
             ranges[e.get("tid")].append((float(e["ts"]), float(e["ts"]) + float(e.get("dur", 0.0)), key))
             host[key].host_ms += float(e.get("dur", 0.0)) / 1e3
             host[key].calls += 1
@@ -208,21 +214,25 @@ def attribute(events: list[dict]) -> Breakdown:
         for s in ops.values():
             s.gpu_ms = s.host_ms
         mode = "profiler-host"
-        outside = 0.0
+        outside, unmatched = 0.0, 0
     else:
         ops = {k: OpStat(host_ms=v.host_ms, calls=v.calls) for k, v in host.items()}
-        outside = 0.0
+        outside, unmatched = 0.0, 0
         for e in gpu:
             dur = float(e.get("dur", 0.0)) / 1e3
             corr = (e.get("args") or {}).get("correlation")
-            key = enclosing(*launches[corr]) if corr in launches else None
+            if corr in launches:
+                key = enclosing(*launches[corr])
+            else:                       # launch not captured: the profiler's own link to a range, if any
+                key = ext_keys.get((e.get("args") or {}).get("External id"))
+                unmatched += 1
             if key is None:
                 outside += dur
             else:
                 ops.setdefault(key, OpStat()).gpu_ms += dur
         mode = "profiler-gpu"
     ops = dict(sorted(ops.items(), key=lambda kv: -kv[1].gpu_ms))
-    return Breakdown(mode=mode, ops=ops, outside_ms=outside, gpu_events=len(gpu))
+    return Breakdown(mode=mode, ops=ops, outside_ms=outside, gpu_events=len(gpu), unmatched_launches=unmatched)
 
 
 def print_breakdown(bd: dict | None, check: dict | None = None) -> None:
@@ -233,4 +243,5 @@ def print_breakdown(bd: dict | None, check: dict | None = None) -> None:
         unt = check.get("untimed_forward_ms")
         print(f"  per-op sum {check['ops_sum_ms']:.3f} ms + outside ops {check['outside_ops_ms']:.3f} ms = "
               f"{check['total_ms']:.3f} ms ({check['mode']}); untimed forward "
-              f"{'%.3f ms' % unt if unt else 'n/a'}; profiled wall {check['profiled_wall_ms']:.3f} ms")
+              f"{'%.3f ms' % unt if unt else 'n/a'}; profiled wall {check['profiled_wall_ms']:.3f} ms; "
+              f"{check.get('gpu_events', 0)} GPU events, {check.get('unmatched_launches', 0)} without a launch record")

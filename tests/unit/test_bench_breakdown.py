@@ -47,6 +47,17 @@ def test_attribute_matches_kernels_to_the_range_that_launched_them():
     assert OUTSIDE not in bd.ops
 
 
+def test_attribute_falls_back_to_the_external_id_when_the_launch_is_missing():
+    rng = _x("user_annotation", "op:linear[8x8]", 0, 10)
+    rng["args"]["External id"] = 42
+    k = _x("kernel", "gemm", 500, 3.0, tid=7, corr=99)          # correlation 99 has no launch event
+    k["args"]["External id"] = 42
+    stray = _x("kernel", "add", 600, 5.0, tid=7, corr=100)
+    bd = attribute([rng, k, stray])
+    assert bd.ops["linear[8x8]"].gpu_ms == pytest.approx(0.003)
+    assert bd.outside_ms == pytest.approx(0.005) and bd.unmatched_launches == 2
+
+
 def test_attribute_without_gpu_events_uses_host_ranges():
     bd = attribute([_x("user_annotation", "op:rms_norm", 0, 40), _x("user_annotation", "op:rms_norm", 100, 60)])
     assert bd.mode == "profiler-host"
