@@ -69,6 +69,7 @@ class DecodeWorker:
         self._calls: queue.Queue = queue.Queue()
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._loop, name="decode-engine", daemon=True)
+        self._tick = time.monotonic()                  # start of the engine loop's latest round
         self.load = worker_pb2.WorkerLoad(worker_id=worker_id, role="decode")
         metrics.max_batch.set(engine.config.max_num_seqs)
         self._refresh()
@@ -104,8 +105,13 @@ class DecodeWorker:
             except queue.Empty:
                 return
 
+    def stalled_for(self) -> float:
+        """Seconds since the engine loop last came round (a round takes milliseconds when healthy)."""
+        return time.monotonic() - self._tick if self._thread.is_alive() else 0.0
+
     def _loop(self) -> None:
         while not self._stop.is_set():
+            self._tick = time.monotonic()
             busy = self.engine.has_unfinished()
             self._run_calls(0 if busy else (0.001 if self.leases.busy() else 0.02))
             self.leases.poll()

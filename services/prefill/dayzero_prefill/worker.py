@@ -102,6 +102,7 @@ class PrefillWorker:
         self._queued_tokens = 0
         self._queued_requests = 0
         self._running = False
+        self._progress_at: float | None = None  # engine thread: last progress of the current job
         self._thread = threading.Thread(target=self._loop, name="prefill-engine", daemon=True)
         self.load = worker_pb2.WorkerLoad(worker_id=worker_id, role="prefill")
         self._refresh()
@@ -125,11 +126,19 @@ class PrefillWorker:
         self._jobs.put(job)
         return job
 
+    def stalled_for(self) -> float:
+        """Seconds since the engine thread's current job last made progress (started or finished a
+        prefill chunk); 0 while it waits for a job."""
+        last = self._progress_at
+        return 0.0 if last is None else time.monotonic() - last
+
     def _loop(self) -> None:
         while True:
+            self._progress_at = None
             job = self._jobs.get()
             if job is None:
                 return
+            self._progress_at = time.monotonic()
             if job.result.set_running_or_notify_cancel():  # else cancelled while queued (the servicer said so)
                 try:
                     job.result.set_result(self._run(job))
@@ -189,6 +198,7 @@ class PrefillWorker:
         t0 = time.perf_counter()
         try:
             def on_chunk(_rid: str, done: int) -> None:
+                self._progress_at = time.monotonic()
                 if self.chunk_delay:
                     time.sleep(self.chunk_delay)
                 if job.cancelled.is_set():  # before posting: a cancelled job writes nothing more

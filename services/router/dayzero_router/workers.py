@@ -69,7 +69,8 @@ class WorkerView:
 
     def live(self, role: str) -> list[worker_pb2.WorkerRecord]:
         now = time.monotonic()
-        return [r for r in self.records if r.role == role and self._suspect.get(r.address, 0) <= now]
+        return [r for r in self.records
+                if r.role == role and not r.unavailable and self._suspect.get(r.address, 0) <= now]
 
     def suspect(self, worker: worker_pb2.WorkerRecord, why: str) -> None:
         log.warning("%s worker %s (%s) failed: %s; avoiding it for %.0fs", worker.role, worker.worker_id,

@@ -2,6 +2,10 @@
 
 Runs on a daemon thread. When the registry is unreachable it logs once, keeps trying, and logs
 the re-registration when it succeeds again (e.g. after a Redis restart emptied the keys).
+With a ``problem`` check (e.g. "the engine thread has not come round for a minute") the record
+carries that problem in ``unavailable`` while it lasts, so routers stop picking a worker that is
+alive but stuck at their next refresh (a removed record would stay routable for its TTL), and the
+field clears once the problem does.
 """
 
 from __future__ import annotations
@@ -20,9 +24,11 @@ log = logging.getLogger(__name__)
 
 class Heartbeat:
     def __init__(self, registry: Registry, record: Callable[[], worker_pb2.WorkerRecord], interval: float = 1.0,
-                 ttl: float | None = None):
+                 ttl: float | None = None, problem: Callable[[], str] | None = None):
         self.registry = registry
         self.record = record
+        self.problem = problem or (lambda: "")
+        self.withdrawn = ""                   # the problem the record is marked unavailable for ("" = none)
         self.interval = interval
         self.ttl = ttl if ttl is not None else max(3 * interval, 1.0)
         self._stop = threading.Event()
@@ -36,7 +42,14 @@ class Heartbeat:
         return self
 
     def beat(self) -> None:
+        problem = self.problem()
+        if problem and not self.withdrawn:
+            log.warning("marked unavailable in %s: %s", self.registry.url, problem)
+        elif not problem and self.withdrawn:
+            log.info("available again (was: %s)", self.withdrawn)
+        self.withdrawn = problem
         rec = self.record()
+        rec.unavailable = problem
         rec.ttl_seconds = self.ttl
         rec.updated_at_unix = time.time()
         self.registry.put(rec)

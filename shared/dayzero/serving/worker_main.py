@@ -15,6 +15,7 @@ import socket
 import uuid
 from abc import ABC, abstractmethod
 from dataclasses import dataclass
+from collections.abc import Callable
 from typing import Any, Protocol
 
 import grpc
@@ -27,9 +28,12 @@ WORKER_SERVICE = "dayzero.rpc.v1.Worker"
 
 
 class RoleWorker(Protocol):
-    """A role's engine-thread object: its current load (sent with every heartbeat) and ``stop()``."""
+    """A role's engine-thread object: its current load (sent with every heartbeat), how long its
+    engine thread has been stuck (``stalled_for``) and ``stop()``."""
 
     load: worker_pb2.WorkerLoad
+
+    def stalled_for(self) -> float: ...
 
     def stop(self) -> None: ...
 
@@ -42,12 +46,18 @@ class TransportEnd(Protocol):
 
 @dataclass
 class Readiness:
-    """What ``/ready`` answers: (ready, reason)."""
+    """What ``/ready`` answers: (ready, reason). ``problem`` (set once the engine runs) names what
+    makes a started worker unready for now, e.g. a stalled engine thread."""
 
     ready: bool = False
     reason: str = "loading the model"
+    problem: Callable[[], str] | None = None
 
     def __call__(self) -> tuple[bool, str]:
+        if self.ready and self.problem is not None:
+            problem = self.problem()
+            if problem:
+                return False, problem
         return self.ready, self.reason
 
 
@@ -114,6 +124,9 @@ def worker_parser(name: str, default_port: int) -> argparse.ArgumentParser:
     p.add_argument("--transport", choices=("nixl", "grpc"), default="nixl")
     p.add_argument("--max-model-len", type=int, default=8192)
     p.add_argument("--heartbeat-seconds", type=float, default=1.0)
+    p.add_argument("--stall-seconds", type=float, default=60.0,
+                   help="an engine thread stuck this long withdraws the worker from the registry and /ready "
+                        "until it moves again")
     p.add_argument("--worker-id", default=None)
     p.add_argument("--log-level", default="INFO")
     return p
@@ -183,7 +196,15 @@ async def run_worker(role: WorkerRole, args: argparse.Namespace) -> int:
                                        http_address=f"{advertise}:{http.port}", compat_hash=memory.compat.hash(),
                                        transport=args.transport, load=worker.load, block_size=args.block_size)
 
-    heartbeat = Heartbeat(open_registry(args.redis_url), record, interval=args.heartbeat_seconds).start()
+    def problem() -> str:
+        stalled = worker.stalled_for()
+        if stalled > args.stall_seconds:
+            return f"engine thread stuck for {stalled:.1f}s (--stall-seconds {args.stall_seconds:g})"
+        return ""
+
+    readiness.problem = problem
+    heartbeat = Heartbeat(open_registry(args.redis_url), record, interval=args.heartbeat_seconds,
+                          problem=problem).start()
     readiness.reason = "registering in " + heartbeat.registry.url
 
     async def ready_when_registered():

@@ -24,7 +24,7 @@ _sym_db = _symbol_database.Default()
 
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x1b\x64\x61yzero/rpc/v1/worker.proto\x12\x0e\x64\x61yzero.rpc.v1\"\r\n\x0bLoadRequest\"\xe4\x01\n\nWorkerLoad\x12\x11\n\tworker_id\x18\x01 \x01(\t\x12\x0c\n\x04role\x18\x02 \x01(\t\x12\x15\n\rqueued_tokens\x18\x03 \x01(\x03\x12\x17\n\x0fqueued_requests\x18\x04 \x01(\x05\x12\x18\n\x10running_requests\x18\x05 \x01(\x05\x12\x17\n\x0fkv_blocks_total\x18\x06 \x01(\x05\x12\x16\n\x0ekv_blocks_used\x18\x07 \x01(\x05\x12\x16\n\x0ekv_blocks_free\x18\x08 \x01(\x05\x12\x13\n\x0bopen_leases\x18\t \x01(\x05\x12\r\n\x05ready\x18\n \x01(\x08\"\xea\x01\n\x0cWorkerRecord\x12\x11\n\tworker_id\x18\x01 \x01(\t\x12\x0c\n\x04role\x18\x02 \x01(\t\x12\x0f\n\x07\x61\x64\x64ress\x18\x03 \x01(\t\x12\x14\n\x0chttp_address\x18\x04 \x01(\t\x12\x13\n\x0b\x63ompat_hash\x18\x05 \x01(\t\x12\x11\n\ttransport\x18\x06 \x01(\t\x12(\n\x04load\x18\x07 \x01(\x0b\x32\x1a.dayzero.rpc.v1.WorkerLoad\x12\x17\n\x0fupdated_at_unix\x18\x08 \x01(\x01\x12\x13\n\x0bttl_seconds\x18\t \x01(\x01\x12\x12\n\nblock_size\x18\n \x01(\x05\"\x10\n\x0eHeartbeatReply\"4\n\x11\x44\x65registerRequest\x12\x11\n\tworker_id\x18\x01 \x01(\t\x12\x0c\n\x04role\x18\x02 \x01(\t\"\"\n\x12ListWorkersRequest\x12\x0c\n\x04role\x18\x01 \x01(\t\"D\n\x13ListWorkersResponse\x12-\n\x07workers\x18\x01 \x03(\x0b\x32\x1c.dayzero.rpc.v1.WorkerRecord2L\n\x06Worker\x12\x42\n\x07GetLoad\x12\x1b.dayzero.rpc.v1.LoadRequest\x1a\x1a.dayzero.rpc.v1.WorkerLoad2\xfe\x01\n\x08Registry\x12I\n\tHeartbeat\x12\x1c.dayzero.rpc.v1.WorkerRecord\x1a\x1e.dayzero.rpc.v1.HeartbeatReply\x12O\n\nDeregister\x12!.dayzero.rpc.v1.DeregisterRequest\x1a\x1e.dayzero.rpc.v1.HeartbeatReply\x12V\n\x0bListWorkers\x12\".dayzero.rpc.v1.ListWorkersRequest\x1a#.dayzero.rpc.v1.ListWorkersResponseb\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x1b\x64\x61yzero/rpc/v1/worker.proto\x12\x0e\x64\x61yzero.rpc.v1\"\r\n\x0bLoadRequest\"\xe4\x01\n\nWorkerLoad\x12\x11\n\tworker_id\x18\x01 \x01(\t\x12\x0c\n\x04role\x18\x02 \x01(\t\x12\x15\n\rqueued_tokens\x18\x03 \x01(\x03\x12\x17\n\x0fqueued_requests\x18\x04 \x01(\x05\x12\x18\n\x10running_requests\x18\x05 \x01(\x05\x12\x17\n\x0fkv_blocks_total\x18\x06 \x01(\x05\x12\x16\n\x0ekv_blocks_used\x18\x07 \x01(\x05\x12\x16\n\x0ekv_blocks_free\x18\x08 \x01(\x05\x12\x13\n\x0bopen_leases\x18\t \x01(\x05\x12\r\n\x05ready\x18\n \x01(\x08\"\xff\x01\n\x0cWorkerRecord\x12\x11\n\tworker_id\x18\x01 \x01(\t\x12\x0c\n\x04role\x18\x02 \x01(\t\x12\x0f\n\x07\x61\x64\x64ress\x18\x03 \x01(\t\x12\x14\n\x0chttp_address\x18\x04 \x01(\t\x12\x13\n\x0b\x63ompat_hash\x18\x05 \x01(\t\x12\x11\n\ttransport\x18\x06 \x01(\t\x12(\n\x04load\x18\x07 \x01(\x0b\x32\x1a.dayzero.rpc.v1.WorkerLoad\x12\x17\n\x0fupdated_at_unix\x18\x08 \x01(\x01\x12\x13\n\x0bttl_seconds\x18\t \x01(\x01\x12\x12\n\nblock_size\x18\n \x01(\x05\x12\x13\n\x0bunavailable\x18\x0b \x01(\t\"\x10\n\x0eHeartbeatReply\"4\n\x11\x44\x65registerRequest\x12\x11\n\tworker_id\x18\x01 \x01(\t\x12\x0c\n\x04role\x18\x02 \x01(\t\"\"\n\x12ListWorkersRequest\x12\x0c\n\x04role\x18\x01 \x01(\t\"D\n\x13ListWorkersResponse\x12-\n\x07workers\x18\x01 \x03(\x0b\x32\x1c.dayzero.rpc.v1.WorkerRecord2L\n\x06Worker\x12\x42\n\x07GetLoad\x12\x1b.dayzero.rpc.v1.LoadRequest\x1a\x1a.dayzero.rpc.v1.WorkerLoad2\xfe\x01\n\x08Registry\x12I\n\tHeartbeat\x12\x1c.dayzero.rpc.v1.WorkerRecord\x1a\x1e.dayzero.rpc.v1.HeartbeatReply\x12O\n\nDeregister\x12!.dayzero.rpc.v1.DeregisterRequest\x1a\x1e.dayzero.rpc.v1.HeartbeatReply\x12V\n\x0bListWorkers\x12\".dayzero.rpc.v1.ListWorkersRequest\x1a#.dayzero.rpc.v1.ListWorkersResponseb\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
@@ -36,17 +36,17 @@ if not _descriptor._USE_C_DESCRIPTORS:
   _globals['_WORKERLOAD']._serialized_start=63
   _globals['_WORKERLOAD']._serialized_end=291
   _globals['_WORKERRECORD']._serialized_start=294
-  _globals['_WORKERRECORD']._serialized_end=528
-  _globals['_HEARTBEATREPLY']._serialized_start=530
-  _globals['_HEARTBEATREPLY']._serialized_end=546
-  _globals['_DEREGISTERREQUEST']._serialized_start=548
-  _globals['_DEREGISTERREQUEST']._serialized_end=600
-  _globals['_LISTWORKERSREQUEST']._serialized_start=602
-  _globals['_LISTWORKERSREQUEST']._serialized_end=636
-  _globals['_LISTWORKERSRESPONSE']._serialized_start=638
-  _globals['_LISTWORKERSRESPONSE']._serialized_end=706
-  _globals['_WORKER']._serialized_start=708
-  _globals['_WORKER']._serialized_end=784
-  _globals['_REGISTRY']._serialized_start=787
-  _globals['_REGISTRY']._serialized_end=1041
+  _globals['_WORKERRECORD']._serialized_end=549
+  _globals['_HEARTBEATREPLY']._serialized_start=551
+  _globals['_HEARTBEATREPLY']._serialized_end=567
+  _globals['_DEREGISTERREQUEST']._serialized_start=569
+  _globals['_DEREGISTERREQUEST']._serialized_end=621
+  _globals['_LISTWORKERSREQUEST']._serialized_start=623
+  _globals['_LISTWORKERSREQUEST']._serialized_end=657
+  _globals['_LISTWORKERSRESPONSE']._serialized_start=659
+  _globals['_LISTWORKERSRESPONSE']._serialized_end=727
+  _globals['_WORKER']._serialized_start=729
+  _globals['_WORKER']._serialized_end=805
+  _globals['_REGISTRY']._serialized_start=808
+  _globals['_REGISTRY']._serialized_end=1062
 # @@protoc_insertion_point(module_scope)

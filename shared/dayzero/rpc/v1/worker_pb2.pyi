@@ -35,7 +35,7 @@ class WorkerLoad(_message.Message):
     def __init__(self, worker_id: _Optional[str] = ..., role: _Optional[str] = ..., queued_tokens: _Optional[int] = ..., queued_requests: _Optional[int] = ..., running_requests: _Optional[int] = ..., kv_blocks_total: _Optional[int] = ..., kv_blocks_used: _Optional[int] = ..., kv_blocks_free: _Optional[int] = ..., open_leases: _Optional[int] = ..., ready: _Optional[bool] = ...) -> None: ...
 
 class WorkerRecord(_message.Message):
-    __slots__ = ("worker_id", "role", "address", "http_address", "compat_hash", "transport", "load", "updated_at_unix", "ttl_seconds", "block_size")
+    __slots__ = ("worker_id", "role", "address", "http_address", "compat_hash", "transport", "load", "updated_at_unix", "ttl_seconds", "block_size", "unavailable")
     WORKER_ID_FIELD_NUMBER: _ClassVar[int]
     ROLE_FIELD_NUMBER: _ClassVar[int]
     ADDRESS_FIELD_NUMBER: _ClassVar[int]
@@ -46,6 +46,7 @@ class WorkerRecord(_message.Message):
     UPDATED_AT_UNIX_FIELD_NUMBER: _ClassVar[int]
     TTL_SECONDS_FIELD_NUMBER: _ClassVar[int]
     BLOCK_SIZE_FIELD_NUMBER: _ClassVar[int]
+    UNAVAILABLE_FIELD_NUMBER: _ClassVar[int]
     worker_id: str
     role: str
     address: str
@@ -56,7 +57,8 @@ class WorkerRecord(_message.Message):
     updated_at_unix: float
     ttl_seconds: float
     block_size: int
-    def __init__(self, worker_id: _Optional[str] = ..., role: _Optional[str] = ..., address: _Optional[str] = ..., http_address: _Optional[str] = ..., compat_hash: _Optional[str] = ..., transport: _Optional[str] = ..., load: _Optional[_Union[WorkerLoad, _Mapping]] = ..., updated_at_unix: _Optional[float] = ..., ttl_seconds: _Optional[float] = ..., block_size: _Optional[int] = ...) -> None: ...
+    unavailable: str
+    def __init__(self, worker_id: _Optional[str] = ..., role: _Optional[str] = ..., address: _Optional[str] = ..., http_address: _Optional[str] = ..., compat_hash: _Optional[str] = ..., transport: _Optional[str] = ..., load: _Optional[_Union[WorkerLoad, _Mapping]] = ..., updated_at_unix: _Optional[float] = ..., ttl_seconds: _Optional[float] = ..., block_size: _Optional[int] = ..., unavailable: _Optional[str] = ...) -> None: ...
 
 class HeartbeatReply(_message.Message):
     __slots__ = ()
