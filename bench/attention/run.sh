@@ -12,5 +12,6 @@ python3 -m pytest -q -p no:cacheprovider --noconftest -o addopts="" tests/kernel
 tests_rc=${PIPESTATUS[0]}
 python3 bench/attention/bench_attention.py --out "$OUT" "$@" 2>&1 | tee -a "$log"
 bench_rc=${PIPESTATUS[0]}
+python3 -c "import flashinfer" 2>/dev/null && python3 bench/attention/flashinfer_compare.py --out "$OUT" ${FLASHINFER_ARGS:-} 2>&1 | tee -a "$log"  # FlashInfer beside ours (source bench/peers_install.sh first)
 echo "attention: tests rc=$tests_rc bench rc=$bench_rc" | tee -a "$log"
 [ "$tests_rc" = 0 ] && [ "$bench_rc" = 0 ]

@@ -1,0 +1,27 @@
+#!/usr/bin/env bash
+# Install the same-run peers (FlashInfer 0.7.2.post1 + apache-tvm-ffi + cuda-tile) from local wheels,
+# outside the repository, without their other dependencies (the lent GPU has no internet).
+# SOURCE it so PYTHONPATH reaches the benchmarks:
+#     source bench/peers_install.sh && bash bench/device_run.sh
+# Wheels: .whl/*.whl in the repository root (git-excluded; name .whl in the device call's carry),
+# or PEERS_WHEELS=DIR. Target: PEERS_SITE (default /tmp/site). Nothing to install is not an error:
+# the FlashInfer comparison is then skipped by its guard in bench/attention/run.sh.
+_peers_root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
+_peers_wheels="${PEERS_WHEELS:-$_peers_root/.whl}"
+export PEERS_SITE="${PEERS_SITE:-/tmp/site}"
+if ls "$_peers_wheels"/*.whl >/dev/null 2>&1; then
+  mkdir -p "$PEERS_SITE"
+  if python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade \
+      --target "$PEERS_SITE" "$_peers_wheels"/*.whl; then
+    case ":${PYTHONPATH:-}:" in *":$PEERS_SITE:"*) ;; *) export PYTHONPATH="$PEERS_SITE${PYTHONPATH:+:$PYTHONPATH}" ;; esac
+    echo "peers_install: installed $(ls "$_peers_wheels"/*.whl | wc -l) wheels into $PEERS_SITE"
+    python3 -c "import flashinfer; print('peers_install: flashinfer', flashinfer.__version__)" \
+      || echo "peers_install: flashinfer does not import (the comparison will be skipped)"
+  else
+    echo "peers_install: pip install failed (the FlashInfer comparison will be skipped)"
+  fi
+else
+  echo "peers_install: no wheels in $_peers_wheels (the FlashInfer comparison will be skipped)"
+fi
+unset _peers_root _peers_wheels
+true
