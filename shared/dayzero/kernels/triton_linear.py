@@ -9,7 +9,8 @@ Activation quantization output layout (chosen for the GEMMs that consume it):
 
 Dense linear paths (``linear``):
   * M <= SMALL_M rows (decode): one Triton weight-only kernel, bf16 activations x FP8 weights widened
-    in registers; bandwidth bound, no activation quantization.
+    in registers; bandwidth bound, no activation quantization (``triton_gemv``: split-K in one
+    launch, when ``ONE_LAUNCH_SPLIT_K``).
   * larger M: quantize x (1x128) then ``torch.nn.functional.scaled_mm`` blockwise 1x128 x 128x128
     (cuBLAS) on Hopper, else the Triton FP8 kernel.
 2880 is not a multiple of 128: for the cuBLAS path the weight is zero-padded along K to a multiple
@@ -29,6 +30,7 @@ import triton.language as tl
 from triton.tools.tensor_descriptor import TensorDescriptor
 
 from .registry import register
+from .triton_gemv import gemv_fp8
 from .triton_moe_gemm import interpreting, moe_gemm_kernel, tma_ok
 from .types import BLOCK, LinearWeight
 
@@ -36,6 +38,7 @@ GROUP = BLOCK
 FP8_MAX = tl.constexpr(448.0)
 SCALE_FLOOR = tl.constexpr(1e-10)
 SMALL_M = 16  # rows at or below which the weight-only kernel runs (bench/NOTES.md, run 2)
+ONE_LAUNCH_SPLIT_K = False  # small M through triton_gemv (split-K in one launch); see bench/NOTES.md
 ROW_ALIGN = 16  # activation buffers are padded to a multiple of 16 rows (cuBLAS blockwise needs it)
 
 
@@ -311,7 +314,9 @@ def linear(x: torch.Tensor, weight: LinearWeight, x_scale: torch.Tensor | None =
             raise ValueError("linear: float8 activations need x_scale [T, ceil(K/128)]")
         q, s_t = _prequantized(x, x_scale, K)
     elif x.shape[0] <= SMALL_M:
-        return gemm_w8a16_triton(x.contiguous().to(torch.bfloat16), weight).to(out_dtype)
+        xb = x.contiguous().to(torch.bfloat16)
+        out = gemv_fp8(xb, weight) if ONE_LAUNCH_SPLIT_K else gemm_w8a16_triton(xb, weight)
+        return out.to(out_dtype)
     else:
         q, s_t = quantize_rows(x)
     if _cublas_blockwise_available(q.device) and N % 16 == 0:

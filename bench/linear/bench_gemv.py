@@ -1,0 +1,99 @@
+"""Small-M dense FP8 linear (decode) on the GPU, timed the way the engine runs it: inside a CUDA
+graph, on enough weight copies that each call streams its weight from HBM (not L2).
+
+Rows: the current weight-only kernel (``gemm_w8a16_triton``, one N-tile program each, optional
+two-launch split-K) and the one-launch split-K ``gemv_fp8`` over a small config sweep, for the
+20B/120B q, k/v, o and lm_head shapes at M = 1, 4, 16. Bandwidth counts the FP8 weight + scales.
+Writes $OUT/linear-gemv.json.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+
+import torch
+
+sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "moe"))
+from common import COPY_TBS, Results, random_linear  # noqa: E402
+
+from dayzero.kernels.triton_gemv import GemvConfig, choose_split, gemv_fp8  # noqa: E402
+from dayzero.kernels.triton_linear import _split_for, gemm_w8a16_triton  # noqa: E402
+
+SHAPES = {"q": (4096, 2880), "kv": (512, 2880), "o": (2880, 4096), "lm_head": (201088, 2880)}
+L2_BYTES = 60 << 20
+
+
+def graph_us(fn, copies: int, reps: int = 20) -> float:
+    """Median microseconds per call: a graph of ``copies`` calls (one per weight copy), replayed."""
+    s = torch.cuda.Stream()
+    with torch.cuda.stream(s):
+        for i in range(copies):
+            fn(i)
+    torch.cuda.synchronize()
+    g = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(g):
+        for i in range(copies):
+            fn(i)
+    g.replay()
+    torch.cuda.synchronize()
+    times = []
+    for _ in range(reps):
+        a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        a.record()
+        g.replay()
+        b.record()
+        b.synchronize()
+        times.append(a.elapsed_time(b) * 1000 / copies)
+    times.sort()
+    return times[len(times) // 2]
+
+
+def run_shape(res: Results, name: str, m_list: list[int], configs: list[GemvConfig]) -> None:
+    n, k = SHAPES[name]
+    nbytes = n * k + 4 * (-(-n // 128)) * (-(-k // 128))
+    copies = max(2, min(16, -(-3 * L2_BYTES // nbytes)))
+    weights = [random_linear(n, k, seed=i) for i in range(copies)]
+    for m in m_list:
+        x = torch.randn(m, k, device="cuda").bfloat16()
+        ref = x.float() @ (weights[0].weight.float() * weights[0].scale.repeat_interleave(128, 0)
+                           .repeat_interleave(128, 1)[:n, :k]).t() + weights[0].bias.float()
+        variants = [("w8a16 bn64", lambda i: gemm_w8a16_triton(x, weights[i])),
+                    ("w8a16 bn64 split-auto (2 launches)",
+                     lambda i: gemm_w8a16_triton(x, weights[i], split_k=_split_for(m, n, k, 16, 64)))]
+        for cfg in configs:
+            variants.append((f"gemv bn{cfg.bn} split{choose_split(n, k, cfg)} w{cfg.warps} s{cfg.stages}",
+                             lambda i, cfg=cfg: gemv_fp8(x, weights[i], cfg)))
+        for label, fn in variants:
+            try:
+                err = ((fn(0).float() - ref).norm() / ref.norm()).item()
+                us = graph_us(fn, copies)
+                res.add(shape=name, m=m, n=n, k=k, kernel=label, us=round(us, 2),
+                        tbs=round(nbytes / us / 1e6, 3), pct_copy=round(100 * nbytes / us / 1e6 / COPY_TBS, 1),
+                        rel_err=round(err, 5))
+            except Exception as exc:  # one config failing (e.g. ptxas) must not end the sweep
+                res.add(shape=name, m=m, kernel=label, error=repr(exc)[:300])
+    del weights
+    torch.cuda.empty_cache()
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--out", default=os.environ.get("OUT", "out"))
+    ap.add_argument("--quick", action="store_true")
+    args = ap.parse_args()
+    res = Results("linear-gemv")
+    configs = [GemvConfig(), GemvConfig(bn=32), GemvConfig(bn=128), GemvConfig(target_programs=528),
+               GemvConfig(target_programs=132), GemvConfig(stages=6), GemvConfig(bn=32, stages=6, target_programs=528),
+               GemvConfig(warps=2), GemvConfig(bn=16, target_programs=528)]
+    if args.quick:
+        configs = configs[:4]
+    for name in SHAPES:
+        res.section(name, run_shape, name, [1, 4, 16] if name != "lm_head" else [1, 16], configs)
+    print("wrote", res.write(args.out))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

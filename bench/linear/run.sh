@@ -1,0 +1,15 @@
+#!/usr/bin/env bash
+# Small-M dense FP8 linear on the GPU: its GPU tests, then the graph-timed sweep.
+# Writes $OUT/linear-gemv.json and $OUT/linear.log. Extra arguments go to bench_gemv.py.
+set -u
+cd "$(dirname "$0")/../.."
+export PYTHONPATH="shared${PYTHONPATH:+:$PYTHONPATH}" PYTHONUNBUFFERED=1
+OUT="${OUT:-out}"
+mkdir -p "$OUT"
+log="$OUT/linear.log"
+python3 -m pytest -q -p no:cacheprovider --noconftest -o addopts="" tests/kernels/test_gemv_gpu.py 2>&1 | tail -30 | tee "$log"
+tests_rc=${PIPESTATUS[0]}
+python3 bench/linear/bench_gemv.py --out "$OUT" "$@" 2>&1 | tee -a "$log"
+bench_rc=${PIPESTATUS[0]}
+echo "linear: tests rc=$tests_rc bench rc=$bench_rc" | tee -a "$log"
+[ "$tests_rc" = 0 ] && [ "$bench_rc" = 0 ]

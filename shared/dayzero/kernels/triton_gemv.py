@@ -1,0 +1,151 @@
+"""Small-M dense FP8 linear (decode): bf16 activations x FP8 weights, split-K in ONE launch.
+
+At M <= 16 rows the op is a weight stream: q [4096 x 2880] is 11.8 MB, 2.8 us at 4.26 TB/s. The
+N tiles alone give too few programs to keep enough bytes in flight (q: 64 tiles of 64 rows), so
+the K blocks are split over ``SPLIT`` programs per N tile. Instead of a second reduce launch, each
+program adds its fp32 partial tile into a per-weight workspace with atomics and takes a ticket;
+the program holding the last ticket of its N tile reads the sum back while zeroing it
+(``atomic_xchg``), adds the bias, writes the bf16 output and resets the ticket. Workspace and
+tickets therefore are all zero between calls: no memset, no host sync, CUDA-graph safe. One
+workspace per weight (kept in ``LinearWeight.derived``): calls on the same weight must not run
+concurrently on two streams (the engine runs one forward at a time).
+
+Weight layout: [N, K] float8_e4m3fn, one fp32 scale per 128x128 block (partial edge blocks masked).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+import triton
+import triton.language as tl
+
+from .types import BLOCK, LinearWeight
+
+MAX_M = 16          # rows one call serves (the dot's M side is padded to 16)
+BLOCK_C = tl.constexpr(BLOCK)
+
+
+@triton.jit
+def _fence_gpu(like):
+    """fence.acq_rel.gpu in every thread (its earlier atomics are done before what follows)."""
+    return tl.inline_asm_elementwise("fence.acq_rel.gpu;\n mov.u32 $0, 0;", "=r,r", [like], dtype=tl.int32,
+                                     is_pure=False, pack=1)
+
+
+@triton.jit
+def _gemv_splitk_kernel(x_ptr, w_ptr, s_ptr, bias_ptr, out_ptr, ws_ptr, ticket_ptr,
+                        M, N, K, stride_xm, stride_wn, stride_sn, stride_om,
+                        BN: tl.constexpr, BK: tl.constexpr, SPLIT: tl.constexpr, HAS_BIAS: tl.constexpr,
+                        DOT_F32: tl.constexpr):
+    pid_n = tl.program_id(0)
+    pid_k = tl.program_id(1)
+    offs_m = tl.arange(0, 16)
+    offs_n = pid_n * BN + tl.arange(0, BN)
+    offs_k = tl.arange(0, BK)
+    m_ok = offs_m < M
+    n_ok = offs_n < N
+    nkb = tl.cdiv(K, BK)
+    per = tl.cdiv(nkb, SPLIT)
+    kb0 = pid_k * per
+    kb1 = tl.minimum(kb0 + per, nkb)
+    x_ptrs = x_ptr + offs_m[:, None] * stride_xm + offs_k[None, :]                      # [16, BK]
+    w_ptrs = w_ptr + offs_n[:, None].to(tl.int64) * stride_wn + offs_k[None, :]           # [BN, BK]
+    s_row = s_ptr + ((pid_n * BN) // BLOCK_C) * stride_sn                                 # BN divides 128
+    acc = tl.zeros((16, BN), tl.float32)
+    for kb in range(kb0, kb1):
+        k_ok = kb * BK + offs_k < K
+        x = tl.load(x_ptrs + kb * BK, mask=m_ok[:, None] & k_ok[None, :], other=0.0)
+        w = tl.load(w_ptrs + kb * BK, mask=n_ok[:, None] & k_ok[None, :], other=0.0)
+        s = tl.load(s_row + kb)
+        if DOT_F32:
+            part = tl.dot(x.to(tl.float32), tl.trans(w.to(tl.float32)))
+        else:
+            part = tl.dot(x.to(tl.bfloat16), tl.trans(w.to(tl.bfloat16)))
+        acc += part * s
+    out_mask = m_ok[:, None] & n_ok[None, :]
+    out_ptrs = out_ptr + offs_m[:, None] * stride_om + offs_n[None, :]
+    if SPLIT == 1:
+        total = acc
+    else:
+        ws_ptrs = ws_ptr + offs_m[:, None] * N + offs_n[None, :]                          # [16, N] fp32
+        tl.atomic_add(ws_ptrs, acc, mask=out_mask, sem="relaxed")
+        if not DOT_F32:  # (the CPU interpreter runs programs one by one and has no inline asm)
+            _fence_gpu(offs_m)       # every thread's adds are done at L2 before the ticket is taken
+        tl.debug_barrier()
+        ticket = tl.atomic_add(ticket_ptr + pid_n, 1, sem="acq_rel")
+        if ticket != SPLIT - 1:
+            return
+        if DOT_F32:  # interpreter: no float atomic_xchg there; programs run one at a time
+            total = tl.load(ws_ptrs, mask=out_mask, other=0.0)
+            tl.store(ws_ptrs, tl.zeros((16, BN), tl.float32), mask=out_mask)
+        else:
+            total = tl.atomic_xchg(ws_ptrs, tl.zeros((16, BN), tl.float32), mask=out_mask, sem="acquire")
+        tl.atomic_xchg(ticket_ptr + pid_n, 0, sem="relaxed")
+    if HAS_BIAS:
+        total += tl.load(bias_ptr + offs_n, mask=n_ok, other=0.0).to(tl.float32)[None, :]
+    tl.store(out_ptrs, total.to(out_ptr.dtype.element_ty), mask=out_mask)
+
+
+@dataclass
+class GemvConfig:
+    bn: int = 64
+    split: int | None = None    # None: enough K splits for ``target_programs``
+    warps: int = 4
+    stages: int = 4
+    target_programs: int = 264  # 2 per SM on an H200
+
+
+@dataclass
+class _Workspace:
+    sums: torch.Tensor      # [16, N] fp32, zero between calls
+    tickets: torch.Tensor   # [ceil(N/bn)] int32, zero between calls
+
+
+def choose_split(N: int, K: int, cfg: GemvConfig) -> int:
+    if cfg.split is not None:
+        return max(1, min(cfg.split, triton.cdiv(K, BLOCK)))
+    tiles = triton.cdiv(N, cfg.bn)
+    nkb = triton.cdiv(K, BLOCK)
+    split = min(max(1, triton.cdiv(cfg.target_programs, tiles)), max(1, nkb // 2))  # >= 2 K blocks each
+    return triton.cdiv(nkb, triton.cdiv(nkb, split))  # no empty splits
+
+
+def _workspace(weight: LinearWeight, bn: int) -> _Workspace:
+    key = f"gemv_ws_{bn}"
+    ws = weight.derived.get(key)
+    if ws is None:
+        N = weight.weight.shape[0]
+        dev = weight.weight.device
+        ws = _Workspace(torch.zeros((MAX_M, N), dtype=torch.float32, device=dev),
+                        torch.zeros((triton.cdiv(N, bn),), dtype=torch.int32, device=dev))
+        weight.derived[key] = ws
+    return ws
+
+
+def gemv_fp8(x: torch.Tensor, weight: LinearWeight, cfg: GemvConfig | None = None) -> torch.Tensor:
+    """x [M <= 16, K] bf16 -> [M, N] bf16 = x @ dequant(weight).T + bias."""
+    cfg = cfg or GemvConfig()
+    w, s = weight.weight, weight.scale
+    N, K = w.shape
+    M = x.shape[0]
+    if M > MAX_M or x.shape[1] != K:
+        raise ValueError(f"gemv_fp8: x must be [<= {MAX_M}, {K}], got {tuple(x.shape)}")
+    if BLOCK % cfg.bn:
+        raise ValueError(f"gemv_fp8: bn must divide {BLOCK}, got {cfg.bn}")
+    x = x.contiguous()
+    out = torch.empty((M, N), dtype=torch.bfloat16, device=x.device)
+    split = choose_split(N, K, cfg)
+    ws = _workspace(weight, cfg.bn) if split > 1 else None
+    bias = weight.bias
+    from .triton_moe_gemm import interpreting
+
+    _gemv_splitk_kernel[(triton.cdiv(N, cfg.bn), split)](
+        x, w, s, bias if bias is not None else s, out,
+        ws.sums if ws else out, ws.tickets if ws else out,
+        M, N, K, x.stride(0), w.stride(0), s.stride(0), out.stride(0),
+        BN=cfg.bn, BK=BLOCK, SPLIT=split, HAS_BIAS=bias is not None, DOT_F32=interpreting(),
+        num_warps=cfg.warps, num_stages=cfg.stages,
+    )
+    return out
