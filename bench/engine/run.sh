@@ -2,7 +2,9 @@
 # Engine on the GPU in one go: the norm/rope and CUDA-graph GPU tests, then `dayzero bench prefill`
 # (20B, 120B at 8192 tokens) and `dayzero bench decode` (batch 1 and 64, graph and eager rows).
 # Writes under $OUT: engine.log, engine-tests.xml, bench-{prefill,decode}-{20b,120b}.json.
-# ENGINE_STEPS selects steps (default: all): tests,prefill20,decode20,prefill120,decode120.
+# ENGINE_STEPS selects steps (default: all): tests,prefill20,decode20,prefill120,decode120; the
+# decode20gemv / decode120gemv steps (not in the default) repeat decode with the small-M linear
+# through triton_gemv (DAYZERO_SMALL_M_LINEAR=gemv), written to bench-decode-<model>-gemv.json.
 # DAYZERO_DEADLINE (epoch seconds, optional) shortens every step's time cap so the run ends by then.
 # .devmeta/commit (git-excluded; name .devmeta in the device call's `carry`) gives the commit.
 set -u
@@ -34,9 +36,13 @@ step prefill20 60 python3 -m dayzero bench prefill --model 20b --tokens 8192 --r
   --json "$OUT/bench-prefill-20b.json"
 step decode20 80 python3 -m dayzero bench decode --model 20b --batch 1,64 --context 1024 --steps 32 --graphs both \
   --breakdown --json "$OUT/bench-decode-20b.json"
+step decode20gemv 80 env DAYZERO_SMALL_M_LINEAR=gemv python3 -m dayzero bench decode --model 20b --batch 1,64 \
+  --context 1024 --steps 32 --graphs both --json "$OUT/bench-decode-20b-gemv.json"
 step prefill120 80 python3 -m dayzero bench prefill --model 120b --tokens 8192 --repeat 3 \
   --json "$OUT/bench-prefill-120b.json"
 step decode120 90 python3 -m dayzero bench decode --model 120b --batch 1,64 --context 1024 --steps 16 --graphs both \
   --json "$OUT/bench-decode-120b.json"
+step decode120gemv 90 env DAYZERO_SMALL_M_LINEAR=gemv python3 -m dayzero bench decode --model 120b --batch 1,64 \
+  --context 1024 --steps 16 --graphs both --json "$OUT/bench-decode-120b-gemv.json"
 echo "engine: rc=$rc" | tee -a "$log"
 exit $rc

@@ -21,6 +21,7 @@ padding. The Triton kernels need no padding: they mask the K and N tails of the 
 
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass
 
 import torch
@@ -38,7 +39,9 @@ GROUP = BLOCK
 FP8_MAX = tl.constexpr(448.0)
 SCALE_FLOOR = tl.constexpr(1e-10)
 SMALL_M = 16  # rows at or below which the weight-only kernel runs (bench/NOTES.md, run 2)
-ONE_LAUNCH_SPLIT_K = False  # small M through triton_gemv (split-K in one launch); see bench/NOTES.md
+# small M through triton_gemv (split-K in one launch) or the one-launch-per-tile weight-only kernel;
+# DAYZERO_SMALL_M_LINEAR=gemv|w8a16 overrides the default for side-by-side benchmarks (bench/NOTES.md)
+ONE_LAUNCH_SPLIT_K = os.environ.get("DAYZERO_SMALL_M_LINEAR", "w8a16") == "gemv"
 ROW_ALIGN = 16  # activation buffers are padded to a multiple of 16 rows (cuBLAS blockwise needs it)
 
 
