@@ -6,7 +6,8 @@
 #                      engine area) is cut off by `timeout` at the deadline; later areas get the rest.
 #   DEVICE_PACK=1      areas write to a scratch folder, packed after every area into $OUT/results.tgz
 #                      (the device call returns at most 8 files; a cut-off run keeps what finished).
-#   MOE_STEPS / MOE_KERNEL_ARGS / ENGINE_STEPS / ATTENTION_ARGS: passed to the areas' scripts.
+#   MOE_STEPS / MOE_KERNEL_ARGS / ENGINE_STEPS / ATTENTION_ARGS / LINEAR_ARGS: passed to the areas' scripts.
+#   DEVICE_AREAS=a,b   run only these areas (engine, moe, attention, linear), in the order above.
 set -u
 cd "$(dirname "$0")/.."
 export NCCL_NVLS_ENABLE=0
@@ -17,6 +18,7 @@ if [ "${DEVICE_PACK:-0}" = 1 ]; then export OUT="$(mktemp -d)"; else export OUT=
 rc=0
 area() {  # area NAME CMD...
   local name=$1; shift
+  case ",${DEVICE_AREAS:-engine,moe,attention,linear}," in *",$name,"*) ;; *) return 0 ;; esac
   local t=86400
   [ -n "${DAYZERO_DEADLINE:-}" ] && t=$(( DAYZERO_DEADLINE - $(date +%s) ))
   if [ "$t" -le 10 ]; then echo "device_run: $name skipped (budget spent)"; rc=1; return 0; fi
@@ -28,4 +30,5 @@ area() {  # area NAME CMD...
 area engine bash bench/engine/run.sh
 [ -f bench/moe/run.sh ] && area moe bash bench/moe/run.sh
 area attention bash bench/attention/run.sh ${ATTENTION_ARGS:-}
+area linear bash bench/linear/run.sh ${LINEAR_ARGS:-}
 exit $rc
