@@ -1,0 +1,174 @@
+"""Decode-sized fused MoE (``triton_moe_small``) vs the torch reference ``moe_experts``.
+
+Fresh random inputs per case; the allocator's free memory is NaN-poisoned before each call so an
+unwritten output element shows up. ``exact`` is the torch op on the dequantized (fp32) expert
+weights, so ``e_ref = |ref - exact| / |exact|`` is the reference's own FP8 emulation error (it
+quantizes activations 1x128; this path keeps them bf16): |small - exact| <= 0.5 * e_ref + 2e-3.
+On a GPU: real gpt-oss shapes (20B: 32 experts, 120B: 128, H = I = 2880, top-4). On the CPU
+(``TRITON_INTERPRET=1 DAYZERO_KERNEL_TEST_DEVICE=cpu pytest --noconftest ...``): small odd shapes.
+"""
+
+from __future__ import annotations
+
+import functools
+import os
+
+import pytest
+import torch
+
+from dayzero.kernels import torch_ops as ref
+from dayzero.kernels.types import ExpertWeights
+from dayzero.weights import fp8
+
+DEV = os.environ.get("DAYZERO_KERNEL_TEST_DEVICE", "cuda")  # "cpu" only under TRITON_INTERPRET=1
+pytestmark = [pytest.mark.gpu,
+              pytest.mark.skipif(DEV == "cuda" and not torch.cuda.is_available(), reason="needs a CUDA GPU")]
+LIMIT = 7.0
+K_TOP = 4
+# name -> (E, H, I); the CPU interpreter gets small shapes that are not multiples of 128
+SHAPES = {"20b": (32, 2880, 2880), "120b": (128, 2880, 2880)} if DEV == "cuda" else \
+    {"20b": (8, 208, 336), "120b": (24, 136, 200)}
+
+
+def rel(a: torch.Tensor, b: torch.Tensor) -> float:
+    return ((a.double() - b.double()).norm() / b.double().norm().clamp(min=1e-30)).item()
+
+
+def poison() -> None:
+    if DEV == "cuda":
+        free = torch.cuda.mem_get_info()[0]
+        blob = torch.full((min(free // 8, 1 << 30),), float("nan"), device=DEV)
+        small = [torch.full((1 << 16,), float("nan"), device=DEV) for _ in range(64)]
+        del blob, small
+
+
+@functools.lru_cache(maxsize=2)
+def experts(name: str) -> tuple[ExpertWeights, ExpertWeights]:
+    """(fp8 experts, the same dequantized to fp32), gpt-oss-like magnitudes; built once per shape."""
+    E, H, I = SHAPES[name]
+    g = torch.Generator(device=DEV).manual_seed(E)
+    packed = []
+    for shape, std in (((E, 2 * I, H), 0.03), ((E, H, I), 0.02)):
+        w = torch.randn(shape, device=DEV, generator=g) * std
+        packed.append(fp8.quantize_weight_block(w))
+        del w
+    (gu, gus), (dn, dns) = packed
+    gub = (torch.randn(E, 2 * I, device=DEV, generator=g) * 0.5).bfloat16()
+    dnb = (torch.randn(E, H, device=DEV, generator=g) * 0.5).bfloat16()
+    q = ExpertWeights(gate_up=gu, gate_up_bias=gub, down=dn, down_bias=dnb, gate_up_scale=gus, down_scale=dns,
+                      derived={"expert_offset": 0})
+    d = ExpertWeights(gate_up=fp8.dequantize_weight_block(gu, gus), gate_up_bias=gub,
+                      down=fp8.dequantize_weight_block(dn, dns), down_bias=dnb, derived={"expert_offset": 0})
+    return q, d
+
+
+def inputs(T: int, E_global: int, H: int, seed: int, repeated: bool = False):
+    """x [T, H] bf16, routing weights [T, k] bf16, ids [T, k] int64 (repeated: every token picks the
+    same k experts, in a different order per token, so one expert gets all T tokens)."""
+    torch.manual_seed(seed)
+    x = (torch.randn(T, H, device=DEV) * 1.5).bfloat16()
+    logits = torch.randn(T, E_global, device=DEV).bfloat16()
+    w, ids = ref.router_topk(logits, K_TOP)
+    if repeated:
+        ids = torch.stack([torch.randperm(K_TOP) for _ in range(T)]).to(DEV) + 1
+    return x, w, ids
+
+
+def check(name, T, seed, tiles=None, repeated=False, offset=0, E_local=None):
+    from dayzero.kernels.triton_moe_small import moe_small
+
+    q, d = experts(name)
+    E, H, _ = SHAPES[name]
+    if E_local is not None:  # expert-parallel slice [offset, offset + E_local) of the E global experts
+        sl = slice(offset, offset + E_local)
+        q = ExpertWeights(q.gate_up[sl], q.gate_up_bias[sl], q.down[sl], q.down_bias[sl], q.gate_up_scale[sl],
+                          q.down_scale[sl], derived={"expert_offset": offset})
+        d = ExpertWeights(d.gate_up[sl], d.gate_up_bias[sl], d.down[sl], d.down_bias[sl],
+                          derived={"expert_offset": offset})
+    x, w, ids = inputs(T, E, H, seed, repeated)
+    ref_out = ref.moe_experts(x, w, ids, q, LIMIT)
+    exact = ref.moe_experts(x, w, ids, d, LIMIT)
+    poison()
+    out = moe_small(x, w, ids, q, LIMIT, tiles)
+    assert out.shape == (T, H) and out.dtype == torch.bfloat16
+    assert torch.isfinite(out).all(), "unwritten (NaN) or non-finite output elements"
+    e_ref = rel(ref_out, exact)
+    assert rel(out, exact) <= 0.5 * e_ref + 2e-3, (rel(out, exact), e_ref)
+    return out, exact, ids
+
+
+@pytest.mark.parametrize("T", [1, 2, 7, 16, 33, 64])
+@pytest.mark.parametrize("name", ["20b", "120b"])
+def test_small_vs_reference(name, T):
+    check(name, T, seed=T)
+
+
+@pytest.mark.parametrize("fused", [True, False])
+@pytest.mark.parametrize("T", [5, 64])
+def test_repeated_experts(T, fused):
+    # every token routes to experts 1..4: each of them gets all T rows (T > BM: the chunk loop)
+    from dayzero.kernels.triton_moe_small import SmallTiles
+
+    check("20b", T, seed=100 + T, tiles=SmallTiles(bm=16, fused_combine=fused), repeated=True)
+
+
+@pytest.mark.parametrize("tiles", ["bm32", "bn64_16", "bn128", "unfused", "warps2_stages3"])
+def test_tile_variants(tiles):
+    from dayzero.kernels.triton_moe_small import SmallTiles
+
+    t = {"bm32": SmallTiles(bm=32), "bn64_16": SmallTiles(bn_gate_up=64, bn_down=16),
+         "bn128": SmallTiles(bn_gate_up=128, bn_down=128), "unfused": SmallTiles(fused_combine=False),
+         "warps2_stages3": SmallTiles(warps=2, stages=3)}[tiles]
+    check("20b", 33, seed=7, tiles=t)
+
+
+@pytest.mark.parametrize("fused", [True, False])
+def test_expert_parallel_slice_and_unrouted_tokens(fused):
+    # this rank owns global experts [8, 16): tokens with no route there must come out exactly zero
+    from dayzero.kernels.triton_moe_small import SmallTiles
+
+    out, exact, ids = check("120b", 24, seed=11, tiles=SmallTiles(fused_combine=fused), offset=8, E_local=8)
+    local = ((ids >= 8) & (ids < 16)).any(1)
+    assert (~local).any() and local.any()
+    assert (out[~local] == 0).all()
+
+
+def test_deterministic_and_graph_replay_equals_eager():
+    from dayzero.kernels.triton_moe_small import MoeSmall, moe_small
+
+    if DEV != "cuda":
+        pytest.skip("CUDA graphs need a GPU")
+    q, _ = experts("20b")
+    E, H, _ = SHAPES["20b"]
+    x, w, ids = inputs(16, E, H, seed=1)
+    run = MoeSmall(x, w, ids, q, LIMIT)
+    first = run().clone()
+    assert torch.equal(run(), first)                                        # bitwise repeatable
+    g = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(g):
+        out = run()
+    for seed in (2, 3):
+        x2, w2, ids2 = inputs(16, E, H, seed=seed)
+        run.x.copy_(x2)
+        run.weights.copy_(w2)
+        run.ids.copy_(ids2)
+        g.replay()
+        torch.cuda.synchronize()
+        assert torch.equal(out, moe_small(x2, w2, ids2, q, LIMIT))
+
+
+def test_registered_op_takes_small_path_and_rejects_bad_input():
+    from dayzero.kernels.registry import get_ops
+    from dayzero.kernels.triton_moe_small import DECODE_MAX_PAIRS, moe_small
+
+    q, _ = experts("20b")
+    E, H, _ = SHAPES["20b"]
+    x, w, ids = inputs(3, E, H, seed=4)
+    if DEV == "cuda":
+        assert 3 * K_TOP <= DECODE_MAX_PAIRS
+        assert torch.equal(get_ops("triton").moe_experts(x, w, ids, q, LIMIT), moe_small(x, w, ids, q, LIMIT))
+    with pytest.raises(ValueError, match="shapes disagree"):
+        moe_small(x[:, :-1], w, ids, q, LIMIT)
+    with pytest.raises(ValueError, match="fp8"):
+        moe_small(x, w, ids, ExpertWeights(q.gate_up, q.gate_up_bias, q.down, q.down_bias), LIMIT)
+    assert moe_small(x[:0], w[:0], ids[:0], q, LIMIT).shape == (0, H)
