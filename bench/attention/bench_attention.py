@@ -28,7 +28,11 @@ from dayzero.kernels.triton_attention_decode import choose_num_splits  # noqa: E
 
 SCALE = D ** -0.5
 def _pcfg(m, n, w, s, pack, tma):
-    return dict(BLOCK_M=m, BLOCK_N=n, num_warps=w, num_stages=s, PACK=pack, TMA=tma)
+    return dict(KERNEL="flash", BLOCK_M=m, BLOCK_N=n, num_warps=w, num_stages=s, PACK=pack, TMA=tma)
+
+
+def _wcfg(rows, w, tiles=1, s=1):
+    return dict(KERNEL="window", ROWS=rows, TILES=tiles, num_warps=w, num_stages=s)
 
 
 # name -> config; the first entry is the shipped default (default_prefill_config), the rest are
@@ -40,10 +44,14 @@ PREFILL_CFGS = {
     "m128n128w8s3_pack_tma": _pcfg(128, 128, 8, 3, True, True),
 }
 WINDOW_CFGS = {
+    "win_r128w8": _wcfg(128, 8),
     "m64n32w4s3_pack_tma": _pcfg(64, 32, 4, 3, True, True),
-    "m64n32w4s3": _pcfg(64, 32, 4, 3, False, False),
-    "m128n32w4s3_pack": _pcfg(128, 32, 4, 3, True, False),
-    "m32n32w4s3_pack_tma": _pcfg(32, 32, 4, 3, True, True),
+    "win_r128w4": _wcfg(128, 4),
+    "win_r64w4": _wcfg(64, 4),
+    "win_r64w2": _wcfg(64, 2),
+    "win_r128w8_t4s2": _wcfg(128, 8, 4, 2),
+    "win_r64w4_t4s2": _wcfg(64, 4, 4, 2),
+    "win_r64w4_t8s3": _wcfg(64, 4, 8, 3),
 }
 DECODE_CFGS = {
     "n128w4s3": dict(BLOCK_N=128, num_warps=4, num_stages=3),
@@ -69,15 +77,18 @@ def qkvo_bytes(n: int) -> int:
     return 2 * n * D * (2 * HQ + 2 * HKV)
 
 
-def bench_prefill(sizes, rows, ceil_bw, quick):
+def bench_prefill(sizes, rows, ceil_bw, quick, windows):
     res = []
     for window, cfgs in ((0, PREFILL_CFGS), (WINDOW, WINDOW_CFGS)):
+        if window not in windows:
+            continue
         best = None
-        for n in sizes:
+        # window tiles are cheap (< 3 ms at 128k): every config, and 128k, even in quick mode
+        for n in (sizes if not window else sorted(set(sizes) | {131072})):
             c = single_sequence(n, seed=n)
             args = (c["q"], c["k"], c["v"], c["k_cache"], c["v_cache"], c["block_tables"], c["cu_seqlens_q"],
                     c["cached_lens"], c["sinks"], SCALE, window)
-            names = list(cfgs) if (n <= 32768 and not quick) else [best or next(iter(cfgs))]
+            names = list(cfgs) if (n <= 32768 and (window or not quick)) else [best or next(iter(cfgs))]
             for name in names:
                 out = torch.empty_like(c["q"])
                 fn = lambda cfg=cfgs[name]: attention(*args, max_seqlen_q=n, config=cfg, out=out)  # noqa: E731
@@ -142,23 +153,29 @@ def bench_sdpa(sizes, rows):
     return res
 
 
-def bench_chunked(rows):
+def bench_chunked(rows, windows):
+    """Default kernel per row; window rows also with the flash kernel forced (KERNEL=flash)."""
     res = []
-    cached, n = 24576, 8192
-    for window in (0, WINDOW):
+    cached = 24576
+    plan = [(0, 8192, None), (WINDOW, 8192, None), (WINDOW, 8192, "flash"), (WINDOW, 512, None),
+            (WINDOW, 512, "flash")]
+    for window, n, kernel in plan:
+        if window not in windows:
+            continue
         c = single_sequence(n, cached=cached, seed=3)
         args = (c["q"], c["k"], c["v"], c["k_cache"], c["v_cache"], c["block_tables"], c["cu_seqlens_q"],
                 c["cached_lens"], c["sinks"], SCALE, window)
-        ms = time_ms(lambda: attention(*args, max_seqlen_q=n))
-        r = dict(kind="chunked_prefill", window=window, cached=cached, n=n, ms=ms,
+        cfg = {"KERNEL": kernel} if kernel else None
+        ms = time_ms(lambda: attention(*args, max_seqlen_q=n, config=cfg))
+        r = dict(kind="chunked_prefill", window=window, cached=cached, n=n, kernel=kernel or "default", ms=ms,
                  tflops=causal_flops(n, window, cached) / (ms * 1e-3) / 1e12)
         res.append(r)
-        rows.append(f"chunked prefill W={window or 'full':>4} {n} new after {cached} paged: {ms:8.3f} ms "
-                    f"{r['tflops']:6.1f} TFLOP/s")
+        rows.append(f"chunked prefill W={window or 'full':>4} {n} new after {cached} paged ({kernel or 'default'}): "
+                    f"{ms:8.3f} ms {r['tflops']:6.1f} TFLOP/s")
     return res
 
 
-def bench_decode(rows, ceil_bw, quick):
+def bench_decode(rows, ceil_bw, quick, sweep):
     res = []
     max_tokens = 8 * 1024 * 1024
     pool_blocks = max_tokens // BS + 4096
@@ -167,7 +184,7 @@ def bench_decode(rows, ceil_bw, quick):
     v_pool = torch.randn(pool_blocks, BS, HKV, D, device="cuda", dtype=torch.bfloat16, generator=g)
     sinks = torch.randn(HQ, device="cuda", generator=g) * 2
     grid = [(b, L, 0) for b in (1, 8, 64, 256) for L in (1024, 8192, 32768, 131072) if b * L <= max_tokens]
-    grid += [(b, L, WINDOW) for b in (1, 64, 256) for L in (8192, 32768)]
+    grid += [(b, L, WINDOW) for b in (1, 8, 64, 256) for L in (8192, 32768)]
     for B, L, window in grid:
         nb = triton.cdiv(L, BS)
         kv_bytes = B * min(L, window or L) * HKV * D * 2 * 2
@@ -181,8 +198,9 @@ def bench_decode(rows, ceil_bw, quick):
         out = torch.empty_like(q)
         heur = choose_num_splits(B, HKV, L, window, num_sms=torch.cuda.get_device_properties(0).multi_processor_count)
         splits = {heur}
-        if B <= 8 and not quick and not window:
-            splits |= {s for s in (16, 32, 64) if s <= triton.cdiv(L, 64)}
+        if B <= 8 and (sweep or (not quick and not window)):
+            wide = (1, 2, 4, 8, 16, 32, 64) if sweep else (16, 32, 64)
+            splits |= {s for s in wide if s <= triton.cdiv(min(L, window or L), 64)}
         table = WINDOW_DECODE_CFGS if window else DECODE_CFGS
         first = next(iter(table))
         cfgs = list(table) if not quick else [first]
@@ -235,6 +253,8 @@ def main() -> int:
     ap.add_argument("--out", default=os.environ.get("OUT", "."))
     ap.add_argument("--quick", action="store_true", help="one config per kernel, no 128k")
     ap.add_argument("--skip", default="", help="comma list of sections to skip: prefill,sdpa,chunked,decode,store")
+    ap.add_argument("--windows", default="0,128", help="prefill/chunked rows to run: 0 (full causal), 128")
+    ap.add_argument("--decode-sweep", action="store_true", help="split counts 1..64 at B <= 8")
     a = ap.parse_args()
     skip = set(filter(None, a.skip.split(",")))
     torch.backends.cuda.matmul.allow_tf32 = False
@@ -244,8 +264,10 @@ def main() -> int:
             f"bf16 GEMM {tf:.0f} TFLOP/s"]
     sizes = [8192, 32768] if a.quick else [8192, 32768, 131072]
     results = []
-    sections = [("prefill", lambda: bench_prefill(sizes, rows, bw, a.quick)), ("sdpa", lambda: bench_sdpa(sizes, rows)),
-                ("chunked", lambda: bench_chunked(rows)), ("decode", lambda: bench_decode(rows, bw, a.quick)),
+    windows = {int(w) for w in a.windows.split(",") if w}
+    sections = [("prefill", lambda: bench_prefill(sizes, rows, bw, a.quick, windows)),
+                ("sdpa", lambda: bench_sdpa(sizes, rows)), ("chunked", lambda: bench_chunked(rows, windows)),
+                ("decode", lambda: bench_decode(rows, bw, a.quick, a.decode_sweep)),
                 ("store", lambda: bench_store(rows, bw))]
     for name, fn in sections:
         if name in skip:

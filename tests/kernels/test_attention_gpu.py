@@ -59,6 +59,37 @@ def test_prefill_variants(variant, window):
     _check(case, config=PREFILL_VARIANTS[variant])
 
 
+# sliding-window prefill kernels: the flash kernel and the loop-free window kernel's tile shapes
+WINDOW_KERNELS = {
+    "flash": dict(KERNEL="flash"),
+    "window_r128w8": dict(KERNEL="window", ROWS=128, num_warps=8),
+    "window_r64w4": dict(KERNEL="window", ROWS=64, num_warps=4),
+    "window_r128w8_tiles4": dict(KERNEL="window", ROWS=128, TILES=4, num_warps=8, num_stages=2),
+}
+
+
+@pytest.mark.parametrize("variant", list(WINDOW_KERNELS))
+def test_window_prefill_edges(variant):
+    """Window 128: lengths at tile (8/16 tokens) and window borders, shorter than the window, and
+    tiles that do not divide the length; then chunks after cached prefixes inside the window."""
+    cfg = WINDOW_KERNELS[variant]
+    q_lens = [1, 7, 15, 16, 17, 127, 128, 129, 143, 144, 145, 300]
+    _check(make_case(q_lens, [0] * len(q_lens), window=128, sinks="mixed", seed=41), config=cfg)
+    cached = [1, 15, 16, 100, 127, 128, 129, 255, 1000, 5]
+    q_lens = [40, 16, 17, 1, 128, 129, 3, 300, 200, 2]
+    _check(make_case(q_lens, cached, window=128, sinks="mixed", seed=42), config=cfg)
+
+
+@pytest.mark.parametrize("window", [1, 16, 100, 256, 300])
+def test_window_kernel_windows_and_groups(window):
+    """Window sizes around the kernel's block A (300: wider than it, the flash kernel serves), GQA
+    groups 8 / 4 / 1 and 6 (not a power of two: the flash kernel serves), head dims 32-128."""
+    for hq, hkv, d, bs in ((64, 8, 64, 16), (8, 2, 128, 32), (4, 4, 32, 16), (12, 2, 64, 16)):
+        case = make_case([33, 1, 260], [0, 70, 300], hq=hq, hkv=hkv, d=d, bs=bs, window=window,
+                         sinks="mixed", seed=window + hq)
+        _check(case, config=dict(KERNEL="window"))
+
+
 @pytest.mark.parametrize("window", [0, 128])
 def test_chunked_prefill_paged_prefix(window):
     # cached prefixes around block, tile and window edges; new chunks of every size class

@@ -3,7 +3,9 @@
 ``attention`` picks one of two kernels:
   * decode (every sequence has at most one new token): split-KV flash decoding, GQA heads batched
     per program, the sink counted once when splits are merged (triton_attention_decode.py);
-  * otherwise prefill / chunked prefill / mixed batches (triton_attention_prefill.py).
+  * otherwise prefill / chunked prefill / mixed batches: for sliding-window layers (window <= 256,
+    power-of-two GQA group) the loop-free window kernel (triton_attention_window.py), else the
+    flash kernel (triton_attention_prefill.py). ``config={"KERNEL": "flash"}`` forces the latter.
 Optional keyword arguments make a call free of host syncs (needed inside CUDA graphs):
 ``max_seqlen_q`` (largest new-token count; sizes the grid and picks the kernel) and, for decode,
 ``num_splits`` or ``max_seqlen_k`` (largest cached length, used to choose ``num_splits``). Without
@@ -12,13 +14,20 @@ them the launcher reads the lengths from the device once. ``out`` may be given t
 
 from __future__ import annotations
 
+import warnings
+
 import torch
 import triton
 import triton.language as tl
+from triton.runtime.errors import PTXASError
 
 from .registry import register
 from .triton_attention_decode import choose_num_splits, decode_attention
 from .triton_attention_prefill import prefill_attention
+from .triton_attention_window import window_attention, window_supported
+
+# which prefill kernel serves sliding-window layers unless config["KERNEL"] says otherwise
+WINDOW_PREFILL_KERNEL = "flash"
 
 
 def _check(q, k, v, k_cache, v_cache, block_tables, cu_seqlens_q, cached_lens, sinks) -> None:
@@ -89,6 +98,20 @@ def attention(
                                            num_sms=_num_sms(q.device))
         return decode_attention(q, k, v, k_cache, v_cache, block_tables, cu_seqlens_q, cached_lens,
                                 sinks, scale, window, num_splits, out, config)
+    config = dict(config or {})
+    kernel = config.pop("KERNEL", WINDOW_PREFILL_KERNEL if window > 0 else "flash")
+    if kernel not in ("window", "flash"):
+        raise ValueError(f"attention (triton): unknown prefill kernel {kernel!r}")
+    if kernel == "window":
+        if window_supported(window, q.shape[1] // k.shape[1]):
+            try:
+                return window_attention(q, k, v, k_cache, v_cache, block_tables, cu_seqlens_q, cached_lens,
+                                        sinks, scale, window, max_seqlen_q, out, config)
+            except PTXASError:
+                # ptxas (CUDA 13.0) has crashed on some tile shapes; the flash kernel computes the same
+                warnings.warn("attention: ptxas failed on the window kernel; using the flash kernel",
+                              RuntimeWarning, stacklevel=2)
+        config = {}  # full attention, a wide window or an odd GQA group: the flash kernel's defaults
     return prefill_attention(q, k, v, k_cache, v_cache, block_tables, cu_seqlens_q, cached_lens, sinks,
                              scale, window, max_seqlen_q, out, config)
 
