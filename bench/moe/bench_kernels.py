@@ -6,7 +6,9 @@ Writes DIR/moe-kernels.json (rows + run metadata). Sections: ceilings (copy, cuB
 GEMM 8192^3), dense linear (qkv/o/lm_head shapes; cuBLAS blockwise vs Triton; weight-only small M),
 MoE prefill (T=8192, 20B and 120B expert counts, tile variants, per-stage breakdown, anchors:
 torch._grouped_mm bf16, torch._scaled_grouped_mm FP8 rowwise, HF GptOssExperts grouped_mm),
-MoE small-T sweep (both paths; bandwidth on the expert bytes actually touched).
+MoE small-T sweep (both paths; bandwidth on the expert bytes actually touched), moe_prefill_v2 (the
+large-M kernel variants of triton_moe_gemm_large vs the previous default, each output checked against
+the torch FP8 reference; anchor: torch's blockwise FP8 grouped GEMM where this torch offers it).
 """
 
 from __future__ import annotations
@@ -19,10 +21,11 @@ import sys
 import torch
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from common import COPY_TBS, Results, median_ms, random_experts, random_linear, routing  # noqa: E402
+from common import COPY_TBS, DEVICE, Results, median_ms, random_experts, random_linear, routing  # noqa: E402
 
 from dayzero.kernels import triton_linear as TL  # noqa: E402
-from dayzero.kernels.triton_moe import LARGE, SMALL, TINY, MoeRun, default_tiles  # noqa: E402
+from dayzero.kernels import torch_ops  # noqa: E402
+from dayzero.kernels.triton_moe import LARGE, LARGE_V2, SMALL, TINY, MoeRun, default_tiles  # noqa: E402
 
 H = I = 2880
 K_TOP = 4
@@ -177,6 +180,87 @@ def hf_experts(res: Results, ex, w1, w2, T: int) -> None:
             rel_err_ours_fp8_vs_hf_bf16=rel)
 
 
+_r = dataclasses.replace
+V2_VARIANTS = {  # triton_moe_gemm_large configurations (registers / occupancy per variant: bench/NOTES.md)
+    "base": LARGE,
+    "v2": LARGE_V2,                                                         # gu 64x256 w4 s2, dn 64x128 w4 s3
+    "v2_gu_s3": _r(LARGE_V2, stages=3),
+    "v2_gu_w8": _r(LARGE_V2, warps_gate_up=8),
+    "v2_no_rescale_w8": _r(LARGE_V2, rescale=False, warps_gate_up=8, stages=3),
+    "v2_dn_s4": _r(LARGE_V2, stages_down=4),
+    "v2_dn_split256": _r(LARGE_V2, bn_down=256, split_down=2, stages_down=2),
+    "v2_persistent": _r(LARGE_V2, persistent=2),
+    "v2_persistent_flatten": _r(LARGE_V2, persistent=2, flatten=True),
+    "v2_bm128_w8": _r(LARGE_V2, bm=128, warps_gate_up=8, warps_down=8, stages=3),
+}
+
+
+def _rel(a: torch.Tensor, b: torch.Tensor) -> float:
+    return ((a.double() - b.double()).norm() / b.double().norm()).item()
+
+
+def moe_prefill_v2(res: Results, E: int, T: int, variants: list[str]) -> None:
+    """Whole layer and the two GEMMs per variant, same weights and routing; each output checked
+    against the torch FP8 reference (rel) and for unwritten/non-finite elements."""
+    ex = random_experts(E, H, I, seed=E)
+    x = torch.randn(T, H, device=DEVICE).bfloat16()
+    for balanced in (False, True):
+        w, ids = routing(T, E, K_TOP, balanced, seed=T)
+        ref = torch_ops.moe_experts(x, w, ids, ex, LIMIT)
+        for var in (variants if not balanced else [v for v in variants if v in ("base", "v2")]):
+            run = MoeRun(x, w, ids, ex, LIMIT, tiles=V2_VARIANTS[var], small=False)
+            run.out.fill_(float("nan"))
+            run.y.fill_(float("nan"))                                             # every pair's row must be written
+            out = run().clone()
+            ms = median_ms(run)
+            row = dict(section="moe_prefill_v2", E=E, T=T, balanced=balanced, variant=var, ms=ms,
+                       tflops_useful=_flop(T) / ms / 1e9, finite=bool(torch.isfinite(out).all()),
+                       rel_vs_torch_ref=_rel(out, ref), large_kernel=run._large())
+            for stage, frac in (("gate_up", 2 / 3), ("down", 1 / 3)):
+                sms = median_ms(getattr(run, stage))
+                row[f"{stage}_ms"], row[f"{stage}_tflops"] = sms, _flop(T) * frac / sms / 1e9
+            if var == "base":
+                for stage in ("align", "quant", "combine"):
+                    row[f"{stage}_ms"] = median_ms(getattr(run, stage))
+            res.add(**row)
+            del run, out
+    res.section(f"anchor_blockwise_grouped_E{E}", blockwise_grouped_anchor, ex, T)
+
+
+def blockwise_grouped_anchor(res: Results, ex, T: int) -> None:
+    """torch's FP8 grouped GEMM with 1x128 x 128x128 block scales (if this torch offers it on sm90):
+    gate_up shapes, balanced routing, K zero-padded to a multiple of 128."""
+    import torch.nn.functional as F
+
+    E, P = ex.num_experts, T * K_TOP
+    kp = -(-H // 128) * 128
+    offs = (torch.arange(1, E + 1, device=DEVICE) * (P // E)).to(torch.int32)
+    xq = torch.zeros(P, kp, device=DEVICE, dtype=torch.float8_e4m3fn)
+    xq[:, :H] = (torch.randn(P, H, device=DEVICE) * 50).clamp(-440, 440).to(torch.float8_e4m3fn)
+    wq = torch.zeros(E, 2 * I, kp, device=DEVICE, dtype=torch.float8_e4m3fn)
+    wq[:, :, :H] = ex.gate_up
+    sa = torch.rand(P, kp // 128, device=DEVICE) * 1e-3 + 1e-3
+    sb = torch.nn.functional.pad(ex.gate_up_scale, (0, kp // 128 - ex.gate_up_scale.shape[-1]), value=1.0)
+    BW = F.ScalingType
+    attempts = {"sa_rowmajor": (sa, sb), "sa_outer": (sa.t().contiguous().t(), sb),
+                "sa_outer_sb_t": (sa.t().contiguous().t(), sb.transpose(1, 2).contiguous().transpose(1, 2))}
+    errors = {}
+    for name, (a_s, b_s) in attempts.items():
+        fn = (lambda a_s=a_s, b_s=b_s: F.scaled_grouped_mm(xq, wq.transpose(1, 2), a_s, BW.BlockWise1x128, b_s,
+                                                          BW.BlockWise128x128, offs=offs, output_dtype=torch.bfloat16))
+        try:
+            fn()
+            torch.cuda.synchronize()
+        except Exception as exc:  # record why this torch refuses it
+            errors[name] = repr(exc)[:300]
+            continue
+        ms = median_ms(fn)
+        res.add(section="anchor", E=E, T=T, name="scaled_grouped_mm_fp8_blockwise_gate_up", layout=name, ms=ms,
+                tflops=2.0 * P * H * 2 * I / ms / 1e9)
+        return
+    res.add(section="anchor", E=E, T=T, name="scaled_grouped_mm_fp8_blockwise_gate_up", unsupported=errors)
+
+
 def moe_sweep(res: Results, E: int, quick: bool) -> None:
     ex = random_experts(E, H, I, seed=E + 1)
     per_expert = 2 * I * H + H * I + 4 * (ex.gate_up_scale[0].numel() + ex.down_scale[0].numel()) + 2 * (3 * I + H)
@@ -209,6 +293,7 @@ def main() -> int:
     ap.add_argument("--out", default=os.environ.get("OUT", "."))
     ap.add_argument("--quick", action="store_true")
     ap.add_argument("--sections", default="ceilings,linear,moe_prefill,moe_sweep")
+    ap.add_argument("--variants", default=",".join(V2_VARIANTS), help="moe_prefill_v2: variants to time")
     args = ap.parse_args()
     res = Results("moe-kernels")
     want = set(args.sections.split(","))
@@ -219,6 +304,8 @@ def main() -> int:
     for E in (32, 128):
         if "moe_prefill" in want:
             res.section(f"moe_prefill_E{E}", moe_prefill, E, 8192, args.quick)
+        if "moe_prefill_v2" in want:
+            res.section(f"moe_prefill_v2_E{E}", moe_prefill_v2, E, 8192, args.variants.split(","))
         if "moe_sweep" in want:
             res.section(f"moe_sweep_E{E}", moe_sweep, E, args.quick)
     print("wrote", res.write(args.out), "errors:", len(res.errors))

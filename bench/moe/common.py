@@ -14,6 +14,7 @@ import triton.testing
 from dayzero.kernels.types import ExpertWeights, LinearWeight
 from dayzero.weights import fp8
 
+DEVICE = os.environ.get("DAYZERO_BENCH_DEVICE", "cuda")  # "cpu" only for a TRITON_INTERPRET=1 dry run
 COPY_TBS = 4.26        # H200 device-to-device copy ceiling measured there (DESIGN.md section 6)
 FP8_BLOCK_TFLOPS = 1149.0
 
@@ -86,29 +87,29 @@ def random_linear(n: int, k: int, seed: int, std: float | None = None) -> Linear
 
 def random_experts(E: int, H: int, I: int, seed: int) -> ExpertWeights:
     """gpt-oss-like magnitudes (gate_up std 1/sqrt(H), down 0.25/sqrt(I)), quantized on the GPU per expert."""
-    g = torch.Generator(device="cuda").manual_seed(seed)
+    g = torch.Generator(device=DEVICE).manual_seed(seed)
 
     def q(shape, std):
-        w8 = torch.empty(shape, dtype=torch.float8_e4m3fn, device="cuda")
-        sc = torch.empty((shape[0], -(-shape[1] // 128), -(-shape[2] // 128)), dtype=torch.float32, device="cuda")
+        w8 = torch.empty(shape, dtype=torch.float8_e4m3fn, device=DEVICE)
+        sc = torch.empty((shape[0], -(-shape[1] // 128), -(-shape[2] // 128)), dtype=torch.float32, device=DEVICE)
         for e in range(shape[0]):
-            w8[e], sc[e] = fp8.quantize_weight_block(torch.randn(shape[1:], device="cuda", generator=g) * std)
+            w8[e], sc[e] = fp8.quantize_weight_block(torch.randn(shape[1:], device=DEVICE, generator=g) * std)
         return w8, sc
 
     gu, gus = q((E, 2 * I, H), H ** -0.5)
     dn, dns = q((E, H, I), 0.25 * I ** -0.5)
-    return ExpertWeights(gate_up=gu, gate_up_bias=(torch.randn(E, 2 * I, device="cuda", generator=g) * 0.1).bfloat16(),
-                         down=dn, down_bias=(torch.randn(E, H, device="cuda", generator=g) * 0.1).bfloat16(),
+    return ExpertWeights(gate_up=gu, gate_up_bias=(torch.randn(E, 2 * I, device=DEVICE, generator=g) * 0.1).bfloat16(),
+                         down=dn, down_bias=(torch.randn(E, H, device=DEVICE, generator=g) * 0.1).bfloat16(),
                          gate_up_scale=gus, down_scale=dns, derived={"expert_offset": 0})
 
 
 def routing(T: int, E: int, k: int, balanced: bool, seed: int) -> tuple[torch.Tensor, torch.Tensor]:
     """(weights [T,k] bf16, ids [T,k] int64). balanced: pair p goes to expert p % E (every expert
     gets exactly T*k/E routes, a token's k experts are distinct); else random top-k of N(0,1) logits."""
-    g = torch.Generator(device="cuda").manual_seed(seed)
-    logits = torch.randn(T, E, device="cuda", generator=g).bfloat16()
+    g = torch.Generator(device=DEVICE).manual_seed(seed)
+    logits = torch.randn(T, E, device=DEVICE, generator=g).bfloat16()
     if balanced:
-        ids = (torch.arange(T * k, device="cuda") % E).view(T, k)
+        ids = (torch.arange(T * k, device=DEVICE) % E).view(T, k)
         top = logits.gather(1, ids)
     else:
         top, ids = logits.topk(k, dim=1)

@@ -23,9 +23,10 @@ step() {  # step NAME TIMEOUT_S CMD...
   echo "=== $name rc=$r" | tee -a "$log"
   [ "$r" = 0 ] || rc=1
 }
-step tests 130 python3 -m pytest -q -p no:cacheprovider --noconftest -o addopts="" \
-  tests/kernels/test_linear_gpu.py tests/kernels/test_moe_gpu.py
-step kernels 170 python3 bench/moe/bench_kernels.py --out "$OUT" ${MOE_KERNEL_ARGS:-}
+# MOE_TEST_ARGS: pytest selection for the tests step (default: both files, every test)
+step tests "${MOE_TEST_TIMEOUT:-130}" python3 -m pytest -q -p no:cacheprovider --noconftest -o addopts="" \
+  ${MOE_TEST_ARGS:-tests/kernels/test_linear_gpu.py tests/kernels/test_moe_gpu.py}
+step kernels "${MOE_KERNEL_TIMEOUT:-170}" python3 bench/moe/bench_kernels.py --out "$OUT" ${MOE_KERNEL_ARGS:-}
 step prefill20 60 python3 -m dayzero bench prefill --model 20b --tokens 8192 --repeat 5 --breakdown \
   --json "$OUT/bench-prefill-20b.json"
 step decode20 70 python3 -m dayzero bench decode --model 20b --batch 1,64 --context 1024 --steps 32 --breakdown \

@@ -65,10 +65,15 @@ def route(T: int, E_global: int, k: int, H: int, seed: int):
 
 
 def run_case(T, E, H, I, k, small, seed, offset=0, E_global=None, tiles=None):
-    from dayzero.kernels.triton_moe import fused_moe
-
     q, d = make_experts(E, H, I, seed, offset)
     x, w, ids = route(T, E_global or E, k, H, seed + 1)
+    return check(x, w, ids, q, d, small, tiles)
+
+
+def check(x, w, ids, q, d, small, tiles=None):
+    from dayzero.kernels.triton_moe import fused_moe
+
+    T, H = x.shape
     ref_out = ref.moe_experts(x, w, ids, q, LIMIT)
     exact = ref.moe_experts(x, w, ids, d, LIMIT)
     poison()
@@ -149,3 +154,41 @@ def test_moe_registered_op_picks_path():
         x, w, ids = route(T, 32, 4, 2880, seed=T)
         out = ops.moe_experts(x, w, ids, q, LIMIT)
         assert rel(out, ref.moe_experts(x, w, ids, q, LIMIT)) < 0.05
+
+
+def _large_variants() -> dict:
+    """Configurations of the large-M kernel (triton_moe_gemm_large) that the benchmark times."""
+    from dayzero.kernels.triton_moe import LARGE_V2
+
+    r = dataclasses.replace
+    return {"v2": LARGE_V2, "persistent": r(LARGE_V2, persistent=2), "persistent_flatten": r(LARGE_V2, persistent=2,
+            flatten=True), "no_rescale_w8": r(LARGE_V2, rescale=False, warps_gate_up=8, stages=3),
+            "down_split_256": r(LARGE_V2, bn_down=256, split_down=2, stages_down=2),
+            "bm128_w8": r(LARGE_V2, bm=128, warps_gate_up=8, warps_down=8, stages=3)}
+
+
+@pytest.mark.parametrize("variant", ["v2", "persistent", "persistent_flatten", "no_rescale_w8", "down_split_256",
+                                     "bm128_w8"])
+@pytest.mark.parametrize("T,E", [(300, 32), (2048, 32), (1024, 128)])
+def test_moe_large_kernel(variant, T, E):
+    run_case(T, E, 2880, 2880, 4, False, seed=T + E, tiles=_large_variants()[variant])
+
+
+@pytest.mark.parametrize("variant", ["v2", "persistent_flatten"])
+def test_moe_large_kernel_odd_shapes_and_ep(variant):
+    tiles = _large_variants()[variant]
+    run_case(37, 6, 208, 336, 2, False, seed=3, tiles=tiles)                       # H, I not multiples of 128
+    run_case(200, 8, 2880, 2880, 4, False, seed=5, offset=8, E_global=32, tiles=tiles)  # EP slice
+
+
+@pytest.mark.parametrize("variant", ["v2", "persistent_flatten"])
+def test_moe_large_kernel_skewed_routing(variant):
+    """Ragged groups: expert 0 takes every token, experts 1-3 a few, 28 of 32 experts get none."""
+    T, E, k, H = 1500, 32, 4, 2880
+    q, d = make_experts(E, H, H, seed=31)
+    x, w, ids = route(T, E, k, H, seed=32)
+    g = torch.Generator(device="cpu").manual_seed(33)
+    ids = torch.zeros(T, k, dtype=torch.int64)
+    ids[:, 1:] = torch.stack([torch.randperm(3, generator=g)[: k - 1] + 1 for _ in range(T)])
+    ids[T // 2:, 1] = 4 + torch.arange(T - T // 2) % 3  # a few more experts with ragged counts
+    check(x, w, ids.to(DEV), q, d, small=False, tiles=_large_variants()[variant])

@@ -30,6 +30,7 @@ from .registry import REGISTRY, register
 from .triton_linear import GROUP, quantize_gathered_rows, quantize_rows
 from .triton_moe_align import AlignedPairs, align_pairs, max_padded_rows
 from .triton_moe_gemm import interpreting, moe_combine_kernel, moe_gemm_kernel, tma_ok
+from .triton_moe_gemm_large import moe_gemm_large_kernel
 from .triton_moe_router import router_topk as _router_topk
 from .types import ExpertWeights
 
@@ -50,10 +51,20 @@ class MoeTiles:
     group_m: int
     tma: bool = False  # weights (and the down GEMM's contiguous A) through TMA descriptors
     gather_quant: bool = False  # FP8 path: quantize x straight into sorted row order, gate_up A via TMA
+    # FP8 path on triton_moe_gemm_large (needs gather_quant and TMA-aligned operands, else the kernel above):
+    large_kernel: bool = False
+    split_gate_up: int = 2       # 128-wide dots per 256-wide gate_up tile (per-row scale per dot)
+    split_down: int = 1
+    rescale: bool = True         # one register tile per accumulator (see triton_moe_gemm_large)
+    stages_down: int = 0         # 0: same as stages
+    persistent: int = 0          # programs per SM walking the tiles (0: one program per tile)
+    flatten: bool = False        # persistent: fuse tile and K loops (loads of the next tile overlap the epilogue)
 
 
 LARGE = MoeTiles(bm=64, bn_gate_up=256, bn_down=128, warps_gate_up=8, warps_down=4, stages=3, group_m=16, tma=True,
                  gather_quant=True)
+LARGE_V2 = MoeTiles(bm=64, bn_gate_up=256, bn_down=128, warps_gate_up=4, warps_down=4, stages=2, group_m=16,
+                    tma=True, gather_quant=True, large_kernel=True, stages_down=3)
 SMALL = MoeTiles(bm=16, bn_gate_up=64, bn_down=64, warps_gate_up=4, warps_down=4, stages=4, group_m=1)
 TINY = MoeTiles(bm=16, bn_gate_up=32, bn_down=32, warps_gate_up=4, warps_down=4, stages=4, group_m=1)
 TINY_PAIRS = 64  # at most this many (token, expert) pairs: narrower N tiles so enough programs stream weights
@@ -87,6 +98,27 @@ def _gemm(a, a_scale_t, w, w_scale, bias, out, out_scale_t, al: AlignedPairs, we
     )
 
 
+def _gemm_large(a, a_scale_t, w, w_scale, bias, out, out_scale_t, al: AlignedPairs, weights, *, K, N, epi, bn,
+                split, warps, stages, group_m, rescale, persistent, flatten, limit) -> None:
+    """FP8 x FP8 grouped GEMM on triton_moe_gemm_large (A and W through TMA descriptors)."""
+    nbm = al.padded_rows // al.block_m
+    if persistent:
+        sms = torch.cuda.get_device_properties(a.device).multi_processor_count if a.is_cuda else 4
+        progs = persistent * sms
+    else:
+        progs = nbm * triton.cdiv(N, bn)
+    moe_gemm_large_kernel[(progs,)](
+        TensorDescriptor.from_tensor(a, [al.block_m, GROUP]), a_scale_t,
+        TensorDescriptor.from_tensor(w, [1, bn // split, GROUP]), w_scale, bias, out,
+        out_scale_t if out_scale_t is not None else out, al.sorted_ids, al.block_expert, weights,
+        nbm, N, K, al.num_pairs, a_scale_t.stride(0), w_scale.stride(0), w_scale.stride(1), bias.stride(0),
+        out.stride(0), out_scale_t.stride(0) if out_scale_t is not None else 0, float(limit), SWIGLU_ALPHA,
+        EPI=epi, SPLIT_N=split, BM=al.block_m, BN=bn, BK=GROUP, GROUP_M=group_m, PERSISTENT=bool(persistent),
+        NUM_PROGS=progs if persistent else 1, FLATTEN=flatten, RESCALE=rescale, DOT_F32=interpreting(),
+        num_warps=warps, num_stages=stages,
+    )
+
+
 class MoeRun:
     """One fused-MoE call split into its stages (``align``, ``quant``, ``gate_up``, ``down``,
     ``combine``), each re-runnable on the buffers allocated here (the bench times them one by one).
@@ -109,6 +141,9 @@ class MoeRun:
         self.tiles = tiles = tiles or default_tiles(T * k, small)
         if not small and tiles.bn_gate_up != 2 * GROUP:
             raise ValueError("the FP8 gate_up epilogue quantizes h per 128 columns: bn_gate_up must be 256")
+        if tiles.large_kernel and any(128 % (bn // sp) for bn, sp in ((tiles.bn_gate_up, tiles.split_gate_up),
+                                                                       (tiles.bn_down, tiles.split_down))):
+            raise ValueError("large kernel: every dot's N width (bn // split) must divide 128")
         self.x, self.ids, self.weights, self.experts, self.limit = x.contiguous(), ids.contiguous(), \
             weights.contiguous(), experts, limit
         self.offset = int(experts.derived.get("expert_offset", 0))
@@ -138,8 +173,20 @@ class MoeRun:
         else:
             self.xq, self.xs_t = quantize_rows(self.x)                           # [T, Hp], [ceil(H/128), T]
 
+    def _large(self) -> bool:
+        """Whether the FP8 GEMMs run on triton_moe_gemm_large (TMA-aligned operands only)."""
+        ex, t = self.experts, self.tiles
+        return (not self.small and t.large_kernel and t.gather_quant and t.tma
+                and tma_ok(self.xq, self.h, ex.gate_up, ex.down))
+
     def gate_up(self) -> None:
         ex, t = self.experts, self.tiles
+        if self._large():
+            _gemm_large(self.xq, self.xs_t, ex.gate_up, ex.gate_up_scale, ex.gate_up_bias, self.h, self.hs_t, self.al,
+                        self.weights, K=self.H, N=2 * self.I, epi=1, bn=t.bn_gate_up, split=t.split_gate_up,
+                        warps=t.warps_gate_up, stages=t.stages, group_m=t.group_m, rescale=t.rescale,
+                        persistent=t.persistent, flatten=t.flatten, limit=self.limit)
+            return
         _gemm(self.xq, self.xs_t, ex.gate_up, ex.gate_up_scale, ex.gate_up_bias, self.h, self.hs_t, self.al,
               self.weights, self.k, K=self.H, N=2 * self.I, gather=self.small or not t.gather_quant, scatter=False,
               a_fp8=not self.small,
@@ -147,6 +194,12 @@ class MoeRun:
 
     def down(self) -> None:
         ex, t = self.experts, self.tiles
+        if self._large():
+            _gemm_large(self.h, self.hs_t, ex.down, ex.down_scale, ex.down_bias, self.y, None, self.al, self.weights,
+                        K=self.I, N=self.H, epi=2, bn=t.bn_down, split=t.split_down, warps=t.warps_down,
+                        stages=t.stages_down or t.stages, group_m=t.group_m, rescale=t.rescale,
+                        persistent=t.persistent, flatten=t.flatten, limit=self.limit)
+            return
         _gemm(self.h, self.hs_t, ex.down, ex.down_scale, ex.down_bias, self.y, None, self.al, self.weights,
               self.k, K=self.I, N=self.H, gather=False, scatter=True, a_fp8=not self.small, epi=2,
               quant_out=False, bn=t.bn_down, warps=t.warps_down, **self._common())

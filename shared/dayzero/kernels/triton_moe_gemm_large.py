@@ -1,0 +1,181 @@
+"""Large-M (prefill) FP8 grouped GEMM of the fused MoE: both operands by TMA, 1x128 x 128x128 block
+scaling, expert-sorted rows from ``triton_moe_align``.
+
+Differences from ``triton_moe_gemm.moe_gemm_kernel`` (which stays the small-M / dense / gather kernel):
+  * ``SPLIT_N = 2``: a BN = 256 tile is computed as two 128-wide dots. Each half lies inside one
+    128-row weight block, so its per-K-step scale is a per-row vector (``sa * sb``): one FMA per
+    accumulator element instead of a full-tile scale product, and a 4-warp program holds both
+    64x128 accumulators without spilling (two programs per SM where shared memory allows).
+  * ``PERSISTENT``: NUM_PROGS programs walk the (m block, n block) tiles of the non-empty M blocks
+    (counted on the device from ``block_expert``; no host sync); ``FLATTEN`` lets Triton fuse the
+    tile and K loops so the next tile's loads are in flight during the epilogue.
+Epilogues as in ``moe_gemm_kernel``: EPI 1 = gate_up (``+ b1``, bf16 round, clamped SwiGLU on the
+interleaved columns, FP8 1x128 quantization of h: BN must be 256 = one 128-wide h group); EPI 2 =
+down (``(+ b2) * routing weight``, rows scattered to pair order).
+
+Operands: ``a_desc`` TensorDescriptor over A [Mpad, K] fp8, block [BM, BK]; ``as_ptr`` A scales
+group-major (row r, group g at ``as_ptr + g * stride_as + r``); ``b_desc`` over W [E, N, K] fp8,
+block [1, BN // SPLIT_N, BK]; ``bs_ptr`` W scales [E, ceil(N/128), ceil(K/128)].
+"""
+
+from __future__ import annotations
+
+import triton
+import triton.language as tl
+
+FP8_MAX = tl.constexpr(448.0)
+SCALE_FLOOR = tl.constexpr(1e-10)
+
+
+@triton.jit
+def _count_used_blocks(block_expert_ptr, num_blocks, CH: tl.constexpr):
+    """Number of non-empty M blocks (the used ones come first, then -1s)."""
+    n = 0
+    for b0 in range(0, num_blocks, CH):
+        b = b0 + tl.arange(0, CH)
+        n += tl.sum((tl.load(block_expert_ptr + b, mask=b < num_blocks, other=-1) >= 0).to(tl.int32))
+    return n
+
+
+@triton.jit
+def _swizzle(tile, num_pid_m, num_pid_n, GROUP_M: tl.constexpr):
+    width = GROUP_M * num_pid_n
+    group = tile // width
+    first_m = group * GROUP_M
+    gsize = tl.minimum(num_pid_m - first_m, GROUP_M)
+    pid_m = first_m + (tile % width) % gsize
+    pid_n = (tile % width) // gsize
+    return pid_m, pid_n
+
+
+@triton.jit
+def _dot(a, b, acc, DOT_F32: tl.constexpr):
+    if DOT_F32:  # TRITON_INTERPRET=1: the CPU interpreter mis-multiplies fp8 dots
+        return tl.dot(a.to(tl.float32), b.to(tl.float32), acc)
+    return tl.dot(a, b, acc)
+
+
+@triton.jit
+def _swiglu(acc, bias_ptr, offs_n, N, limit, alpha, BM: tl.constexpr, BNS: tl.constexpr):
+    """acc [BM, BNS] fp32 (interleaved gate/up columns) -> h [BM, BNS // 2] (bf16 values in fp32)."""
+    bias = tl.load(bias_ptr + offs_n, mask=offs_n < N, other=0.0).to(tl.float32)
+    v = (acc + bias[None, :]).to(tl.bfloat16).to(tl.float32)  # gate_up rounds to bf16 like the reference
+    gate, up = tl.split(tl.reshape(v, (BM, BNS // 2, 2)))
+    gate = tl.minimum(gate, limit)
+    up = tl.minimum(tl.maximum(up, -limit), limit)
+    h = (up + 1.0) * (gate * tl.sigmoid(alpha * gate))
+    return h.to(tl.bfloat16).to(tl.float32)              # columns past N are exactly 0
+
+
+@triton.jit
+def _down_store(acc, bias_ptr, offs_n, N, w, c_ptr, c_row, row_ok, stride_cm):
+    n_ok = offs_n < N
+    bias = tl.load(bias_ptr + offs_n, mask=n_ok, other=0.0).to(tl.float32)
+    out = (acc + bias[None, :]) * w[:, None]
+    ptrs = c_ptr + c_row.to(tl.int64)[:, None] * stride_cm + offs_n[None, :]
+    tl.store(ptrs, out.to(c_ptr.dtype.element_ty), mask=row_ok[:, None] & n_ok[None, :])
+
+
+@triton.jit
+def _tile(a_desc, as_ptr, b_desc, bs_ptr, bias_ptr, c_ptr, cs_ptr, sorted_ids_ptr, weights_ptr,
+          pid_m, pid_n, e, N, K, num_pairs, stride_as, stride_bse, stride_bsn, stride_biase,
+          stride_cm, stride_cs, limit, alpha,
+          EPI: tl.constexpr, SPLIT_N: tl.constexpr, BM: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr,
+          RESCALE: tl.constexpr, DOT_F32: tl.constexpr):
+    BNS: tl.constexpr = BN // SPLIT_N
+    offs_m = pid_m * BM + tl.arange(0, BM)
+    n0 = pid_n * BN
+    e64 = e.to(tl.int64)
+    bs_base = bs_ptr + e64 * stride_bse + (n0 // 128) * stride_bsn      # BNS divides 128
+    has_hi = n0 + BNS < N
+    acc0 = tl.zeros((BM, BNS), dtype=tl.float32)
+    acc1 = tl.zeros((BM, BNS), dtype=tl.float32)
+    # RESCALE keeps one register tile per accumulator (no second tile for the fresh product): acc holds
+    # the sum divided by the last step's scale p, so a step is acc = dot(a, b, acc * (p / s)); p = s.
+    # Scale factors are >= 1e-10/448 each, so the quotients stay far inside fp32's range.
+    p0 = tl.full((BM,), 1.0, tl.float32)
+    p1 = tl.full((BM,), 1.0, tl.float32)
+    for kb in range(0, tl.cdiv(K, BK)):
+        k0 = kb * BK
+        kg = k0 // 128
+        a = a_desc.load([pid_m * BM, k0])                                # [BM, BK] fp8
+        sa = tl.load(as_ptr + kg * stride_as + offs_m)                   # [BM] (sorted rows: in bounds)
+        b0 = tl.reshape(b_desc.load([e, n0, k0]), (BNS, BK)).T           # [BK, BNS]; OOB reads are 0
+        s0 = sa * tl.load(bs_base + kg)
+        if SPLIT_N == 2:
+            b1 = tl.reshape(b_desc.load([e, n0 + BNS, k0]), (BNS, BK)).T
+            s1 = sa * tl.load(bs_base + ((n0 + BNS) // 128 - n0 // 128) * stride_bsn + kg, mask=has_hi, other=1.0)
+            if RESCALE:  # both accumulators rescaled before either dot is issued (no wgmma serialisation)
+                x0 = acc0 * (p0 / s0)[:, None]
+                x1 = acc1 * (p1 / s1)[:, None]
+                acc0 = _dot(a, b0, x0, DOT_F32)
+                acc1 = _dot(a, b1, x1, DOT_F32)
+                p0 = s0
+                p1 = s1
+            else:
+                acc0 += _dot(a, b0, None, DOT_F32) * s0[:, None]
+                acc1 += _dot(a, b1, None, DOT_F32) * s1[:, None]
+        elif RESCALE:
+            acc0 = _dot(a, b0, acc0 * (p0 / s0)[:, None], DOT_F32)
+            p0 = s0
+        else:
+            acc0 += _dot(a, b0, None, DOT_F32) * s0[:, None]
+    if RESCALE:
+        acc0 = acc0 * p0[:, None]
+        acc1 = acc1 * p1[:, None]
+
+    pair = tl.load(sorted_ids_ptr + offs_m)                               # [BM]; num_pairs = padding
+    row_ok = pair < num_pairs
+    pair = tl.where(row_ok, pair, 0)
+    offs_n = n0 + tl.arange(0, BNS)
+    bias_e = bias_ptr + e64 * stride_biase
+    if EPI == 1:
+        h0 = _swiglu(acc0, bias_e, offs_n, N, limit, alpha, BM, BNS)
+        amax = tl.max(tl.abs(h0), axis=1)
+        if SPLIT_N == 2:
+            h1 = _swiglu(acc1, bias_e, offs_n + BNS, N, limit, alpha, BM, BNS)
+            amax = tl.maximum(amax, tl.max(tl.abs(h1), axis=1))
+        scale = tl.maximum(amax, SCALE_FLOOR) / FP8_MAX
+        offs_h = n0 // 2 + tl.arange(0, BNS // 2)
+        c_ptrs = c_ptr + offs_m.to(tl.int64)[:, None] * stride_cm + offs_h[None, :]
+        tl.store(c_ptrs, (h0 / scale[:, None]).to(tl.float8e4nv), mask=row_ok[:, None] & (offs_h < N // 2)[None, :])
+        if SPLIT_N == 2:
+            tl.store(c_ptrs + BNS // 2, (h1 / scale[:, None]).to(tl.float8e4nv),
+                     mask=row_ok[:, None] & (offs_h + BNS // 2 < N // 2)[None, :])
+        tl.store(cs_ptr + (n0 // 256) * stride_cs + offs_m, scale, mask=row_ok)
+    else:
+        w = tl.load(weights_ptr + pair, mask=row_ok, other=0.0).to(tl.float32)
+        _down_store(acc0, bias_e, offs_n, N, w, c_ptr, pair, row_ok, stride_cm)
+        if SPLIT_N == 2:
+            _down_store(acc1, bias_e, offs_n + BNS, N, w, c_ptr, pair, row_ok, stride_cm)
+
+
+@triton.jit
+def moe_gemm_large_kernel(
+    a_desc, as_ptr, b_desc, bs_ptr, bias_ptr, c_ptr, cs_ptr,
+    sorted_ids_ptr, block_expert_ptr, weights_ptr,
+    num_blocks_m, N, K, num_pairs,
+    stride_as, stride_bse, stride_bsn, stride_biase, stride_cm, stride_cs,
+    limit, alpha,
+    EPI: tl.constexpr, SPLIT_N: tl.constexpr, BM: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr,
+    GROUP_M: tl.constexpr, PERSISTENT: tl.constexpr = False, NUM_PROGS: tl.constexpr = 1,
+    FLATTEN: tl.constexpr = False, WARP_SPEC: tl.constexpr = False, RESCALE: tl.constexpr = False,
+    DOT_F32: tl.constexpr = False,
+):
+    num_pid_n = tl.cdiv(N, BN)
+    if PERSISTENT:
+        used_m = _count_used_blocks(block_expert_ptr, num_blocks_m, 1024)
+        for tile in tl.range(tl.program_id(0), used_m * num_pid_n, NUM_PROGS, flatten=FLATTEN,
+                             warp_specialize=WARP_SPEC):
+            pid_m, pid_n = _swizzle(tile, used_m, num_pid_n, GROUP_M)
+            e = tl.load(block_expert_ptr + pid_m)
+            _tile(a_desc, as_ptr, b_desc, bs_ptr, bias_ptr, c_ptr, cs_ptr, sorted_ids_ptr, weights_ptr,
+                  pid_m, pid_n, e, N, K, num_pairs, stride_as, stride_bse, stride_bsn, stride_biase,
+                  stride_cm, stride_cs, limit, alpha, EPI, SPLIT_N, BM, BN, BK, RESCALE, DOT_F32)
+    else:
+        pid_m, pid_n = _swizzle(tl.program_id(0), num_blocks_m, num_pid_n, GROUP_M)
+        e = tl.load(block_expert_ptr + pid_m)
+        if e >= 0:
+            _tile(a_desc, as_ptr, b_desc, bs_ptr, bias_ptr, c_ptr, cs_ptr, sorted_ids_ptr, weights_ptr,
+                  pid_m, pid_n, e, N, K, num_pairs, stride_as, stride_bse, stride_bsn, stride_biase,
+                  stride_cm, stride_cs, limit, alpha, EPI, SPLIT_N, BM, BN, BK, RESCALE, DOT_F32)
