@@ -306,6 +306,7 @@ def main() -> int:
             res.section(f"moe_prefill_E{E}", moe_prefill, E, 8192, args.quick)
         if "moe_prefill_v2" in want:
             res.section(f"moe_prefill_v2_E{E}", moe_prefill_v2, E, 8192, args.variants.split(","))
+            res.write(args.out)  # keep what is done if a later section runs out of time
         if "moe_sweep" in want:
             res.section(f"moe_sweep_E{E}", moe_sweep, E, args.quick)
     print("wrote", res.write(args.out), "errors:", len(res.errors))
