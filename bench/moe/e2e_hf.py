@@ -1,18 +1,26 @@
 """End to end on one GPU: the engine (Triton backend, FP8) vs HF transformers (bf16) on the same weights.
 
-    PYTHONPATH=shared python bench/moe/e2e_hf.py --out DIR [--model 20b] [--tokens 2048]
+    PYTHONPATH=shared python bench/moe/e2e_hf.py --out DIR [--model 20b] [--tokens 2048] [--budget-s 300]
+    PYTHONPATH=shared python bench/moe/e2e_hf.py --device cpu --model tiny ...   # CPU smoke run
 
-Builds the engine model with random weights drawn on the GPU (``dayzero.bench.random_model``),
+Builds the engine model with random weights drawn on the device (``dayzero.bench.random_model``),
 copies the same weights (FP8 dequantized to bf16, experts transposed to HF's (in, out) layout) into
-HF ``GptOssForCausalLM`` (bf16, eager attention), runs one prompt of ``--tokens`` random ids through
-both and reports, over every position: cosine similarity of the logits (mean, min), top-1
-agreement; the same for the engine's torch backend (the FP8 emulation) to separate kernel error
-from FP8 error; and both prefill times. Writes DIR/e2e-hf-<model>.json.
+HF ``GptOssForCausalLM`` (bf16). Sections (``--sections``, each records its own failure):
+- ``e2e``: one prompt of ``--tokens`` random ids through both (HF with eager attention): cosine
+  similarity of the logits (mean, min) and top-1 agreement over every position; the same for the
+  engine's torch backend (the FP8 emulation) to separate kernel error from FP8 error.
+- ``hf_fast``: HF at its fastest settings (``hf_peer``: flex_attention + grouped_mm experts), its
+  logits checked against HF eager on a short prompt, then prefill seconds at ``--prefill-tokens``
+  (batch 1) and decode tokens/s at ``--decode-batches`` after ``--decode-context`` tokens.
+- ``engine``: ours at the same points in the same run (``dayzero bench`` prefill / decode code).
+``side_by_side`` rows pair them. ``--budget-s`` (and $DAYZERO_DEADLINE) skip what would not fit.
+Writes DIR/e2e-hf-<model>.json (rows + errors + meta).
 """
 
 from __future__ import annotations
 
 import argparse
+import datetime
 import os
 import sys
 import time
@@ -20,23 +28,25 @@ import time
 import torch
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from common import Results  # noqa: E402
+import hf_peer  # noqa: E402
 
-from dayzero.bench import _kv, random_model  # noqa: E402
+from dayzero.bench import _kv, bench_decode, bench_prefill, random_model  # noqa: E402
 from dayzero.config import preset  # noqa: E402
 from dayzero.kernels.registry import get_ops  # noqa: E402
-from dayzero.runtime.model_runner import ModelRunner, SeqChunk  # noqa: E402
+from dayzero.runtime.model_runner import ModelRunner, SeqChunk, graphs_by_default  # noqa: E402
 from dayzero.weights import fp8  # noqa: E402
+
+compare = hf_peer.compare
 
 
 def engine_logits(model, ids: list[int]) -> tuple[torch.Tensor, float]:
     kv = _kv(model, 1, len(ids))
     runner = ModelRunner(model, kv)
     kv.ensure("s", len(ids))
-    torch.cuda.synchronize()
+    hf_peer.sync(model.device)
     t0 = time.perf_counter()
     out = runner.run([SeqChunk("s", ids, 0, "all")])[0]
-    torch.cuda.synchronize()
+    hf_peer.sync(model.device)
     return out, time.perf_counter() - t0
 
 
@@ -61,62 +71,166 @@ def hf_state(model) -> dict[str, torch.Tensor]:
     return out
 
 
-def compare(a: torch.Tensor, b: torch.Tensor) -> dict:
-    cos = torch.nn.functional.cosine_similarity(a.float(), b.float(), dim=-1)
-    return {"cos_mean": cos.mean().item(), "cos_min": cos.min().item(),
-            "top1_agree": (a.argmax(-1) == b.argmax(-1)).float().mean().item()}
+def _ints(s: str) -> list[int]:
+    return [int(x) for x in s.split(",") if x]
 
 
 def main() -> int:
-    ap = argparse.ArgumentParser()
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--out", default=os.environ.get("OUT", "."))
     ap.add_argument("--model", default="20b")
-    ap.add_argument("--tokens", type=int, default=2048)
+    ap.add_argument("--device", default="cuda")
+    ap.add_argument("--tokens", type=int, default=2048, help="e2e: prompt length of the logits comparison")
+    ap.add_argument("--sections", default="e2e,hf_fast,engine")
+    ap.add_argument("--prefill-tokens", default="8192,32768")
+    ap.add_argument("--decode-batches", default="1,64")
+    ap.add_argument("--decode-context", type=int, default=1024)
+    ap.add_argument("--decode-steps", type=int, default=16)
+    ap.add_argument("--budget-s", type=float, default=600.0, help="skip HF/engine timings once this is spent")
     args = ap.parse_args()
-    res = Results(f"e2e-hf-{args.model}")
-    res.section("e2e", run_e2e, args)
+    args.deadline = time.time() + args.budget_s
+    if os.environ.get("DAYZERO_DEADLINE", "").isdigit():
+        args.deadline = min(args.deadline, int(os.environ["DAYZERO_DEADLINE"]) - 10)
+    from common import Results
+
+    name = f"e2e-hf-{args.model}"
+    if args.device.startswith("cuda"):
+        res = Results(name)
+    else:  # no GPU to describe (CPU smoke run)
+        res = Results(name, meta={"commit": os.environ.get("DAYZERO_COMMIT", "unknown"), "gpu": None,
+                                  "device": args.device, "torch": torch.__version__, "date_utc":
+                                  datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds")})
+    import transformers
+
+    res.meta["transformers"] = transformers.__version__
+    state: dict = {}
+    res.section("build", build, state, args)
+    sections = set(args.sections.split(","))
+    for title, fn in (("e2e", run_e2e), ("hf_fast", run_hf_fast), ("engine", run_engine)):
+        if title in sections and "hf" in state:
+            res.section(title, fn, state, args)
+            res.write(args.out)                                        # a cut-off run keeps what finished
+    pair(res)
     print("wrote", res.write(args.out), "errors:", len(res.errors))
     return 0
 
 
-def run_e2e(res: Results, args) -> None:
+def build(res, state: dict, args) -> None:
     from transformers import GptOssConfig, GptOssForCausalLM
 
     cfg = preset(args.model)
+    cuda = args.device.startswith("cuda")
+    need = max([args.tokens] + _ints(args.prefill_tokens) + [args.decode_context + max(args.decode_steps, 32) + 8]) + 8
     t0 = time.perf_counter()
-    model = random_model(cfg, "fp8", "triton", "cuda", seed=0, max_positions=args.tokens + 8)
+    model = random_model(cfg, "fp8", "triton" if cuda else "torch", args.device, seed=0, max_positions=need)
     res.add(name="build_engine", seconds=time.perf_counter() - t0, fallback_ops=list(model.ops.fallbacks))
+    state["model"], state["cfg"] = model, cfg
+    hf_cfg = GptOssConfig(**cfg.to_hf_dict())
+    hf_cfg._attn_implementation = "eager"
+    t0 = time.perf_counter()
+    weights = hf_state(model)
+    with torch.device(args.device):
+        hf = GptOssForCausalLM._from_config(hf_cfg, dtype=torch.bfloat16)
+    missing, unexpected = hf.load_state_dict(weights, strict=False)
+    del weights
+    hf.eval()
+    state["hf"] = hf
+    res.add(name="hf_load", seconds=time.perf_counter() - t0, missing=list(missing)[:8], unexpected=list(unexpected)[:8])
+
+
+def run_e2e(res, state: dict, args) -> None:
+    model, cfg, hf = state["model"], state["cfg"], state["hf"]
     ids = torch.randint(0, cfg.vocab_size, (args.tokens,), generator=torch.Generator().manual_seed(1)).tolist()
     engine_logits(model, ids)                                          # warm-up (compiles)
     tri, tri_s = engine_logits(model, ids)
-    triton_ops = model.ops
+    own_ops = model.ops
     model.ops = get_ops("torch")
-    emu, emu_s = engine_logits(model, ids)
-    model.ops = triton_ops
-    res.add(name="engine_prefill_all_logits", tokens=args.tokens, triton_s=tri_s, torch_fp8_emulation_s=emu_s)
-    res.add(name="triton_fp8_vs_torch_fp8_emulation", **compare(tri, emu))
-    hf_cfg = GptOssConfig(**cfg.to_hf_dict())
-    hf_cfg._attn_implementation = "eager"
-    state = hf_state(model)
-    with torch.device("cuda"):
-        hf = GptOssForCausalLM._from_config(hf_cfg, dtype=torch.bfloat16)
-    missing, unexpected = hf.load_state_dict(state, strict=False)
-    del state
-    res.add(name="hf_load", missing=list(missing)[:8], unexpected=list(unexpected)[:8])
-    hf.eval()
-    x = torch.tensor([ids], device="cuda")
-    with torch.no_grad():
-        hf(x[:, :128])                                                  # warm-up
-        torch.cuda.synchronize()
-        t0 = time.perf_counter()
-        ref = hf(x).logits[0].float()
-        torch.cuda.synchronize()
-        hf_s = time.perf_counter() - t0
-    res.add(name="hf_bf16_prefill_all_logits", tokens=args.tokens, seconds=hf_s,
-            attn=hf_cfg._attn_implementation, experts=getattr(hf_cfg, "_experts_implementation", None))
-    res.add(name="triton_fp8_vs_hf_bf16", tokens=args.tokens, **compare(tri, ref))
+    try:
+        emu, emu_s = engine_logits(model, ids)
+    finally:
+        model.ops = own_ops
+    be = own_ops.backend                                               # "triton" on the GPU
+    res.add(name="engine_prefill_all_logits", tokens=args.tokens, **{f"{be}_s": tri_s}, torch_fp8_emulation_s=emu_s)
+    res.add(name=f"{be}_fp8_vs_torch_fp8_emulation", **compare(tri, emu))
+    impl = hf_peer.set_impl(hf, attn="eager")
+    x = torch.tensor(ids, device=args.device)
+    hf_peer.logits(hf, x[:128])                                        # warm-up
+    hf_peer.sync(args.device)
+    t0 = time.perf_counter()
+    ref = hf_peer.logits(hf, x)
+    hf_peer.sync(args.device)
+    res.add(name="hf_bf16_prefill_all_logits", tokens=args.tokens, seconds=time.perf_counter() - t0, **impl)
+    res.add(name=f"{be}_fp8_vs_hf_bf16", tokens=args.tokens, **compare(tri, ref))
     res.add(name="torch_fp8_emulation_vs_hf_bf16", tokens=args.tokens, **compare(emu, ref))
-    del hf
+
+
+def run_hf_fast(res, state: dict, args) -> None:
+    """HF at flex_attention + grouped_mm; falls back to eager attention (and says so) where flex fails."""
+    hf, cfg = state["hf"], state["cfg"]
+    x = torch.randint(0, cfg.vocab_size, (512,), generator=torch.Generator().manual_seed(2)).to(args.device)
+    hf_peer.set_impl(hf, attn="eager", experts="grouped_mm")
+    ref = hf_peer.logits(hf, x)
+    attn = "flex_attention"
+    try:
+        impl = hf_peer.set_impl(hf, attn=attn)
+        res.add(name="hf_fast_vs_hf_eager", tokens=len(x), **impl, **compare(hf_peer.logits(hf, x), ref))
+    except Exception as e:  # noqa: BLE001 - e.g. flex with sinks refuses the CPU
+        res.add(name="hf_fast_unavailable", attn=attn, error=f"{type(e).__name__}: {str(e)[:400]}")
+        attn = "eager"
+        impl = hf_peer.set_impl(hf, attn=attn)
+    for n in _ints(args.prefill_tokens):
+        if time.time() > args.deadline or (attn == "eager" and n > 8192 and args.device.startswith("cuda")):
+            res.add(name="hf_fast_prefill", tokens=n, skipped="budget" if time.time() > args.deadline
+                    else "eager attention materialises N^2 scores")
+            continue
+        ids = torch.randint(0, cfg.vocab_size, (n,), generator=torch.Generator().manual_seed(n)).to(args.device)
+        times = hf_peer.prefill_seconds(hf, ids, repeat=3 if n <= 8192 else 2)
+        res.add(name="hf_fast_prefill", tokens=n, seconds=sorted(times)[len(times) // 2], all_seconds=times, **impl)
+    attns = [attn] + (["eager"] if attn != "eager" else [])
+    for b in _ints(args.decode_batches):
+        if time.time() > args.deadline:
+            res.add(name="hf_fast_decode", batch=b, skipped="budget")
+            continue
+        hf_peer.set_impl(hf, attn=attn)
+        for row in hf_peer.decode(hf, b, args.decode_context, args.decode_steps, attns, deadline=args.deadline):
+            res.add(name="hf_fast_decode", **row)
+    hf_peer.set_impl(hf, attn=attn)
+
+
+def run_engine(res, state: dict, args) -> None:
+    """Ours at the HF points: ``dayzero bench`` prefill (median of 3) and decode (graphs where default)."""
+    model = state["model"]
+    for n in _ints(args.prefill_tokens):
+        if time.time() > args.deadline:
+            res.add(name="engine_prefill", tokens=n, skipped="budget")
+            continue
+        r = bench_prefill(model, n, repeat=3, breakdown=False, usd=3.0, seed=n)
+        res.add(name="engine_prefill", backend=model.ops.backend, **r)
+    graphs = graphs_by_default(model)
+    for b in _ints(args.decode_batches):
+        if time.time() > args.deadline:
+            res.add(name="engine_decode", batch=b, skipped="budget")
+            continue
+        steps = max(args.decode_steps, 32) if model.device.type == "cuda" else args.decode_steps
+        r = bench_decode(model, b, args.decode_context, steps, seed=0, graphs=graphs)
+        res.add(name="engine_decode", backend=model.ops.backend, **r)
+
+
+def pair(res) -> None:
+    """side_by_side rows: ours and HF's fastest at each prefill length / decode batch of this run."""
+    rows = res.rows
+    for r in [r for r in rows if r.get("name") == "engine_prefill" and "seconds" in r]:
+        hf = [h for h in rows if h.get("name") == "hf_fast_prefill" and h.get("tokens") == r["tokens"] and "seconds" in h]
+        if hf:
+            res.add(name="side_by_side", mode="prefill", tokens=r["tokens"], engine_s=r["seconds"],
+                    hf_s=hf[0]["seconds"], hf_attn=hf[0].get("attn"), speedup=hf[0]["seconds"] / r["seconds"])
+    for r in [r for r in rows if r.get("name") == "engine_decode" and "tokens_per_s" in r]:
+        hf = [h for h in rows if h.get("name") == "hf_fast_decode" and h.get("batch") == r["batch"] and "tokens_per_s" in h]
+        if hf:
+            best = max(hf, key=lambda h: h["tokens_per_s"])
+            res.add(name="side_by_side", mode="decode", batch=r["batch"], engine_tok_s=r["tokens_per_s"],
+                    hf_tok_s=best["tokens_per_s"], hf_attn=best.get("attn"),
+                    speedup=r["tokens_per_s"] / best["tokens_per_s"])
 
 
 if __name__ == "__main__":
