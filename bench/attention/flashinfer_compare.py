@@ -95,10 +95,12 @@ def ragged_batch(qo_lens: list[int], kv_lens: list[int], seed: int, device: str 
                 cached=cached, sinks=sinks)
 
 
-def _build_variant(variant: tuple[str, int]) -> dict:
-    """Child process: construct one wrapper, which JIT-builds (or loads) its module."""
+def _build_variant(variant: tuple[str, int], jobs: int = 0) -> dict:
+    """Child process: construct one wrapper, which JIT-builds (or loads) its module (``jobs`` nvcc jobs)."""
     backend, window = variant
     t0 = time.perf_counter()
+    if jobs:
+        os.environ.setdefault("MAX_JOBS", str(jobs))   # the parallel builds share the host's cores
     try:
         import flashinfer
 
@@ -148,9 +150,12 @@ def build_all(run: Run, workers: int) -> None:
 
     t0 = time.perf_counter()
     try:
-        pool = mp.get_context("spawn").Pool(max(1, min(workers, len(VARIANTS))))
+        n = max(1, min(workers, len(VARIANTS)))
+        jobs = max(2, (os.cpu_count() or 8) // n)
+        pool = mp.get_context("spawn").Pool(n)
         try:
-            res = pool.map_async(_build_variant, VARIANTS).get(timeout=max(10.0, run.left() - 60))
+            res = pool.starmap_async(_build_variant, [(v, jobs) for v in VARIANTS]).get(
+                timeout=max(10.0, run.left() - 60))
         except mp.TimeoutError:
             res = [dict(backend=b, window=w, ok=False, error="build timed out (budget)") for b, w in VARIANTS]
         finally:
