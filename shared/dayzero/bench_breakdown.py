@@ -198,6 +198,8 @@ def attribute(events: list[dict]) -> Breakdown:
     starts = {tid: [r[0] for r in lst] for tid, lst in ranges.items()}
 
     def enclosing(tid, ts: float) -> str | None:
+        if tid not in ranges and len(ranges) == 1:      # launch recorded under another thread id: one host thread
+            tid = next(iter(ranges))
         lst = ranges.get(tid)
         if not lst:
             return None

@@ -58,6 +58,12 @@ def test_attribute_falls_back_to_the_external_id_when_the_launch_is_missing():
     assert bd.outside_ms == pytest.approx(0.005) and bd.unmatched_launches == 2
 
 
+def test_attribute_with_the_launch_under_another_thread_id():
+    ev = [_x("user_annotation", "op:rope", 0, 10, tid=1), _x("cuda_runtime", "cudaLaunchKernel", 5, 1, tid=99, corr=1),
+          _x("kernel", "rope_kernel", 50, 4.0, tid=7, corr=1)]
+    assert attribute(ev).ops["rope"].gpu_ms == pytest.approx(0.004)
+
+
 def test_attribute_without_gpu_events_uses_host_ranges():
     bd = attribute([_x("user_annotation", "op:rms_norm", 0, 40), _x("user_annotation", "op:rms_norm", 100, 60)])
     assert bd.mode == "profiler-host"
