@@ -81,7 +81,7 @@ def main() -> int:
     ap.add_argument("--model", default="20b")
     ap.add_argument("--device", default="cuda")
     ap.add_argument("--tokens", type=int, default=2048, help="e2e: prompt length of the logits comparison")
-    ap.add_argument("--sections", default="e2e,hf_fast,engine")
+    ap.add_argument("--sections", default="e2e,engine,hf_fast")
     ap.add_argument("--prefill-tokens", default="8192,32768")
     ap.add_argument("--decode-batches", default="1,64")
     ap.add_argument("--decode-context", type=int, default=1024)
@@ -106,7 +106,7 @@ def main() -> int:
     state: dict = {}
     res.section("build", build, state, args)
     sections = set(args.sections.split(","))
-    for title, fn in (("e2e", run_e2e), ("hf_fast", run_hf_fast), ("engine", run_engine)):
+    for title, fn in (("e2e", run_e2e), ("engine", run_engine), ("hf_fast", run_hf_fast)):  # cheap first
         if title in sections and "hf" in state:
             res.section(title, fn, state, args)
             res.write(args.out)                                        # a cut-off run keeps what finished
@@ -136,6 +136,12 @@ def build(res, state: dict, args) -> None:
     hf.eval()
     state["hf"] = hf
     res.add(name="hf_load", seconds=time.perf_counter() - t0, missing=list(missing)[:8], unexpected=list(unexpected)[:8])
+
+
+def _add(res, args, **row) -> None:
+    """A row, written out at once: a run cut off by its caller's timeout keeps every finished row."""
+    res.add(**row)
+    res.write(args.out)
 
 
 def run_e2e(res, state: dict, args) -> None:
@@ -173,27 +179,27 @@ def run_hf_fast(res, state: dict, args) -> None:
     attn = "flex_attention"
     try:
         impl = hf_peer.set_impl(hf, attn=attn)
-        res.add(name="hf_fast_vs_hf_eager", tokens=len(x), **impl, **compare(hf_peer.logits(hf, x), ref))
+        _add(res, args, name="hf_fast_vs_hf_eager", tokens=len(x), **impl, **compare(hf_peer.logits(hf, x), ref))
     except Exception as e:  # noqa: BLE001 - e.g. flex with sinks refuses the CPU
-        res.add(name="hf_fast_unavailable", attn=attn, error=f"{type(e).__name__}: {str(e)[:400]}")
+        _add(res, args, name="hf_fast_unavailable", attn=attn, error=f"{type(e).__name__}: {str(e)[:400]}")
         attn = "eager"
         impl = hf_peer.set_impl(hf, attn=attn)
     for n in _ints(args.prefill_tokens):
         if time.time() > args.deadline or (attn == "eager" and n > 8192 and args.device.startswith("cuda")):
-            res.add(name="hf_fast_prefill", tokens=n, skipped="budget" if time.time() > args.deadline
+            _add(res, args, name="hf_fast_prefill", tokens=n, skipped="budget" if time.time() > args.deadline
                     else "eager attention materialises N^2 scores")
             continue
         ids = torch.randint(0, cfg.vocab_size, (n,), generator=torch.Generator().manual_seed(n)).to(args.device)
         times = hf_peer.prefill_seconds(hf, ids, repeat=3 if n <= 8192 else 2)
-        res.add(name="hf_fast_prefill", tokens=n, seconds=sorted(times)[len(times) // 2], all_seconds=times, **impl)
+        _add(res, args, name="hf_fast_prefill", tokens=n, seconds=sorted(times)[len(times) // 2], all_seconds=times, **impl)
     attns = [attn] + (["eager"] if attn != "eager" else [])
     for b in _ints(args.decode_batches):
         if time.time() > args.deadline:
-            res.add(name="hf_fast_decode", batch=b, skipped="budget")
+            _add(res, args, name="hf_fast_decode", batch=b, skipped="budget")
             continue
         hf_peer.set_impl(hf, attn=attn)
         for row in hf_peer.decode(hf, b, args.decode_context, args.decode_steps, attns, deadline=args.deadline):
-            res.add(name="hf_fast_decode", **row)
+            _add(res, args, name="hf_fast_decode", **row)
     hf_peer.set_impl(hf, attn=attn)
 
 
@@ -202,18 +208,18 @@ def run_engine(res, state: dict, args) -> None:
     model = state["model"]
     for n in _ints(args.prefill_tokens):
         if time.time() > args.deadline:
-            res.add(name="engine_prefill", tokens=n, skipped="budget")
+            _add(res, args, name="engine_prefill", tokens=n, skipped="budget")
             continue
         r = bench_prefill(model, n, repeat=3, breakdown=False, usd=3.0, seed=n)
-        res.add(name="engine_prefill", backend=model.ops.backend, **r)
+        _add(res, args, name="engine_prefill", backend=model.ops.backend, **r)
     graphs = graphs_by_default(model)
     for b in _ints(args.decode_batches):
         if time.time() > args.deadline:
-            res.add(name="engine_decode", batch=b, skipped="budget")
+            _add(res, args, name="engine_decode", batch=b, skipped="budget")
             continue
         steps = max(args.decode_steps, 32) if model.device.type == "cuda" else args.decode_steps
         r = bench_decode(model, b, args.decode_context, steps, seed=0, graphs=graphs)
-        res.add(name="engine_decode", backend=model.ops.backend, **r)
+        _add(res, args, name="engine_decode", backend=model.ops.backend, **r)
 
 
 def pair(res) -> None:
