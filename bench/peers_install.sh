@@ -9,6 +9,8 @@
 _peers_root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 _peers_wheels="${PEERS_WHEELS:-$_peers_root/.whl}"
 export PEERS_SITE="${PEERS_SITE:-/tmp/site}"
+# FlashInfer's JIT cache (shared by the parallel builds of flashinfer_compare.py): a writable place
+export FLASHINFER_WORKSPACE_BASE="${FLASHINFER_WORKSPACE_BASE:-/tmp/flashinfer-ws}"
 if ls "$_peers_wheels"/*.whl >/dev/null 2>&1; then
   mkdir -p "$PEERS_SITE"
   if python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade \
