@@ -25,7 +25,7 @@ def median_ms(fn, warmup_ms: int = 25, rep_ms: int = 100) -> float:
 
 
 def run_meta() -> dict:
-    """Commit (git, else the carried .devmeta/commit), hash of the kernel sources, GPU, date, versions."""
+    """Commit (the carried .devmeta/commit, else git), hash of the kernel sources, GPU, date, versions."""
     import hashlib
     import pathlib
     import subprocess
@@ -34,13 +34,15 @@ def run_meta() -> dict:
 
     root = pathlib.Path(__file__).resolve().parents[2]
     commit = ""
-    try:
-        commit = subprocess.run(["git", "rev-parse", "HEAD"], cwd=root, capture_output=True, text=True,
-                                timeout=10).stdout.strip()
-    except (OSError, subprocess.SubprocessError):
-        pass
-    if len(commit) != 40 and (root / ".devmeta" / "commit").exists():  # no .git on the device copy
-        commit = (root / ".devmeta" / "commit").read_text().strip()
+    meta = root / ".devmeta" / "commit"  # carried by device calls; the device copy's .git can be stale
+    if meta.exists():
+        commit = meta.read_text().strip()
+    if len(commit) != 40:
+        try:
+            commit = subprocess.run(["git", "rev-parse", "HEAD"], cwd=root, capture_output=True, text=True,
+                                    timeout=10).stdout.strip()
+        except (OSError, subprocess.SubprocessError):
+            pass
     src = hashlib.sha256()
     for p in sorted((root / "shared" / "dayzero" / "kernels").glob("triton_[lm]*.py")):
         src.update(p.read_bytes())

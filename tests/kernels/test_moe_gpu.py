@@ -161,27 +161,24 @@ def _large_variants() -> dict:
     from dayzero.kernels.triton_moe import LARGE_V2
 
     r = dataclasses.replace
-    return {"v2": LARGE_V2, "persistent": r(LARGE_V2, persistent=2), "persistent_flatten": r(LARGE_V2, persistent=2,
-            flatten=True), "no_rescale_w8": r(LARGE_V2, rescale=False, warps_gate_up=8, stages=3),
-            "down_split_256": r(LARGE_V2, bn_down=256, split_down=2, stages_down=2),
-            "bm128_w8": r(LARGE_V2, bm=128, warps_gate_up=8, warps_down=8, stages=3)}
+    return {"v2": LARGE_V2, "gu_s4": r(LARGE_V2, stages=4, stages_down=3),
+            "dn_persistent2": r(LARGE_V2, persistent_down=2), "not_persistent": r(LARGE_V2, persistent_gate_up=0)}
 
 
-@pytest.mark.parametrize("variant", ["v2", "persistent", "persistent_flatten", "no_rescale_w8", "down_split_256",
-                                     "bm128_w8"])
+@pytest.mark.parametrize("variant", ["v2", "gu_s4", "dn_persistent2", "not_persistent"])
 @pytest.mark.parametrize("T,E", [(300, 32), (2048, 32), (1024, 128)])
 def test_moe_large_kernel(variant, T, E):
     run_case(T, E, 2880, 2880, 4, False, seed=T + E, tiles=_large_variants()[variant])
 
 
-@pytest.mark.parametrize("variant", ["v2", "persistent_flatten"])
+@pytest.mark.parametrize("variant", ["v2", "dn_persistent2"])
 def test_moe_large_kernel_odd_shapes_and_ep(variant):
     tiles = _large_variants()[variant]
     run_case(37, 6, 208, 336, 2, False, seed=3, tiles=tiles)                       # H, I not multiples of 128
     run_case(200, 8, 2880, 2880, 4, False, seed=5, offset=8, E_global=32, tiles=tiles)  # EP slice
 
 
-@pytest.mark.parametrize("variant", ["v2", "persistent_flatten"])
+@pytest.mark.parametrize("variant", ["v2", "dn_persistent2"])
 def test_moe_large_kernel_skewed_routing(variant):
     """Ragged groups: expert 0 takes every token, experts 1-3 a few, 28 of 32 experts get none."""
     T, E, k, H = 1500, 32, 4, 2880

@@ -55,16 +55,17 @@ class MoeTiles:
     large_kernel: bool = False
     split_gate_up: int = 2       # 128-wide dots per 256-wide gate_up tile (per-row scale per dot)
     split_down: int = 1
-    rescale: bool = True         # one register tile per accumulator (see triton_moe_gemm_large)
+    rescale: bool = False        # one register tile per accumulator; less accurate (see triton_moe_gemm_large)
     stages_down: int = 0         # 0: same as stages
-    persistent: int = 0          # programs per SM walking the tiles (0: one program per tile)
-    flatten: bool = False        # persistent: fuse tile and K loops (loads of the next tile overlap the epilogue)
+    persistent_gate_up: int = 0  # programs per SM walking the tiles (0: one program per tile)
+    persistent_down: int = 0
+    flatten: bool = True         # persistent: fuse tile and K loops (loads of the next tile overlap the epilogue)
 
 
 LARGE = MoeTiles(bm=64, bn_gate_up=256, bn_down=128, warps_gate_up=8, warps_down=4, stages=3, group_m=16, tma=True,
                  gather_quant=True)
-LARGE_V2 = MoeTiles(bm=64, bn_gate_up=256, bn_down=128, warps_gate_up=4, warps_down=4, stages=2, group_m=16,
-                    tma=True, gather_quant=True, large_kernel=True, stages_down=3)
+LARGE_V2 = MoeTiles(bm=64, bn_gate_up=256, bn_down=128, warps_gate_up=8, warps_down=4, stages=3, group_m=16,
+                    tma=True, gather_quant=True, large_kernel=True, persistent_gate_up=1)
 SMALL = MoeTiles(bm=16, bn_gate_up=64, bn_down=64, warps_gate_up=4, warps_down=4, stages=4, group_m=1)
 TINY = MoeTiles(bm=16, bn_gate_up=32, bn_down=32, warps_gate_up=4, warps_down=4, stages=4, group_m=1)
 TINY_PAIRS = 64  # at most this many (token, expert) pairs: narrower N tiles so enough programs stream weights
@@ -185,7 +186,7 @@ class MoeRun:
             _gemm_large(self.xq, self.xs_t, ex.gate_up, ex.gate_up_scale, ex.gate_up_bias, self.h, self.hs_t, self.al,
                         self.weights, K=self.H, N=2 * self.I, epi=1, bn=t.bn_gate_up, split=t.split_gate_up,
                         warps=t.warps_gate_up, stages=t.stages, group_m=t.group_m, rescale=t.rescale,
-                        persistent=t.persistent, flatten=t.flatten, limit=self.limit)
+                        persistent=t.persistent_gate_up, flatten=t.flatten, limit=self.limit)
             return
         _gemm(self.xq, self.xs_t, ex.gate_up, ex.gate_up_scale, ex.gate_up_bias, self.h, self.hs_t, self.al,
               self.weights, self.k, K=self.H, N=2 * self.I, gather=self.small or not t.gather_quant, scatter=False,
@@ -198,7 +199,7 @@ class MoeRun:
             _gemm_large(self.h, self.hs_t, ex.down, ex.down_scale, ex.down_bias, self.y, None, self.al, self.weights,
                         K=self.I, N=self.H, epi=2, bn=t.bn_down, split=t.split_down, warps=t.warps_down,
                         stages=t.stages_down or t.stages, group_m=t.group_m, rescale=t.rescale,
-                        persistent=t.persistent, flatten=t.flatten, limit=self.limit)
+                        persistent=t.persistent_down, flatten=t.flatten, limit=self.limit)
             return
         _gemm(self.h, self.hs_t, ex.down, ex.down_scale, ex.down_bias, self.y, None, self.al, self.weights,
               self.k, K=self.I, N=self.H, gather=False, scatter=True, a_fp8=not self.small, epi=2,
