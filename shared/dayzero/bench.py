@@ -173,9 +173,9 @@ def bench_decode(model, batch: int, context: int, steps: int, seed: int, breakdo
     from dayzero.runtime.cuda_graph import DEFAULT_BUCKETS
     from dayzero.runtime.model_runner import ModelRunner, SeqChunk
 
-    kv = _kv(model, batch, context + steps + 2)
+    kv = _kv(model, batch, context + steps + 3)          # + warm-up step, breakdown step (and its retry)
     bucket = next((b for b in DEFAULT_BUCKETS if b >= batch), batch)
-    runner = ModelRunner(model, kv, cuda_graphs=graphs, graph_buckets=(bucket,), max_model_len=context + steps + 2)
+    runner = ModelRunner(model, kv, cuda_graphs=graphs, graph_buckets=(bucket,), max_model_len=context + steps + 3)
     g = torch.Generator().manual_seed(seed)
     seqs = [f"d{i}" for i in range(batch)]
     last = []
@@ -183,7 +183,7 @@ def bench_decode(model, batch: int, context: int, steps: int, seed: int, breakdo
     for s0 in range(0, batch, group):  # prefill the contexts a few sequences at a time
         chunk = []
         for s in seqs[s0:s0 + group]:
-            kv.ensure(s, context + steps + 2)
+            kv.ensure(s, context + steps + 3)
             chunk.append(SeqChunk(s, torch.randint(0, model.cfg.vocab_size, (context,), generator=g).tolist(), 0))
         last += [int(lg.argmax()) for lg in runner.run(chunk)]
     pos = context

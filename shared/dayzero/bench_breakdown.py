@@ -125,7 +125,14 @@ class OpProfiler:
         try:
             if self.mode == "sync" and self.cuda:
                 return self._run_sync(run_once)
-            return self._run_profiled(run_once)
+            bd = self._run_profiled(run_once)
+            if self.cuda and bd.gpu_events == 0:   # the profiler saw no GPU activity (no CUPTI?): time by syncs
+                self.mode = "sync"
+                self.model.ops = Ops(backend=orig.backend, fallbacks=orig.fallbacks,
+                                     table={n: self._wrap(n, f) for n, f in orig.table.items()})
+                bd = self._run_sync(run_once)
+                bd.mode = "sync (profiler captured no GPU activity)"
+            return bd
         finally:
             self.model.ops = orig
 
