@@ -33,7 +33,7 @@ step decode20 70 python3 -m dayzero bench decode --model 20b --batch 1,64 --cont
   --json "$OUT/bench-decode-20b.json"
 step prefill120 90 python3 -m dayzero bench prefill --model 120b --tokens 8192 --repeat 3 --breakdown \
   --json "$OUT/bench-prefill-120b.json"
-step e2e 90 python3 bench/moe/e2e_hf.py --out "$OUT" --model 20b --tokens 2048
+step e2e 260 python3 bench/moe/e2e_hf.py --out "$OUT" --model 20b --tokens 2048 --budget-s 240
 step decode120 90 python3 -m dayzero bench decode --model 120b --batch 1,64 --context 1024 --steps 16 --breakdown \
   --json "$OUT/bench-decode-120b.json"
 echo "moe: rc=$rc" | tee -a "$log"
