@@ -25,7 +25,7 @@ from common import COPY_TBS, DEVICE, Results, median_ms, random_experts, random_
 
 from dayzero.kernels import triton_linear as TL  # noqa: E402
 from dayzero.kernels import torch_ops  # noqa: E402
-from dayzero.kernels.triton_moe import LARGE, LARGE_V2, SMALL, TINY, MoeRun, default_tiles  # noqa: E402
+from dayzero.kernels.triton_moe import LARGE, LARGE_V2, LARGE_V3, SMALL, TINY, MoeRun, default_tiles  # noqa: E402
 
 H = I = 2880
 K_TOP = 4
@@ -183,15 +183,14 @@ def hf_experts(res: Results, ex, w1, w2, T: int) -> None:
 _r = dataclasses.replace
 V2_VARIANTS = {  # triton_moe_gemm_large configurations (registers / occupancy per variant: bench/NOTES.md)
     "base": LARGE,
-    "v2": LARGE_V2,                      # gu 2x(64x128) dots, 8 warps, 3 stages, persistent + flatten; dn 64x128 w4 s3
-    "v2_gu_s4": _r(LARGE_V2, stages=4, stages_down=3),
-    "v2_gu_s2": _r(LARGE_V2, stages=2, stages_down=3),
-    "v2_gu_not_persistent": _r(LARGE_V2, persistent_gate_up=0),
-    "v2_dn_persistent2": _r(LARGE_V2, persistent_down=2),
-    "v2_dn_w8_persistent": _r(LARGE_V2, warps_down=8, persistent_down=1),
-    "v2_group8": _r(LARGE_V2, group_m=8),
-    "rescale_w4s2_persistent2": _r(LARGE_V2, rescale=True, warps_gate_up=4, stages=2, stages_down=3,
-                                   persistent_gate_up=2),   # run 5's fastest gate_up; fails the accuracy test
+    "v2": LARGE_V2,               # gu 2 x (64x128) dots, 8 warps, 3 stages, persistent + flatten; dn 64x128 w4 s3
+    "v3": LARGE_V3,               # gu one 64x256 dot, 8 warps, 2 stages, PIPE; dn 64x128 w4 s3 PIPE
+    "v3_gu_s3": _r(LARGE_V3, stages=3),
+    "v3_gu_nopipe_s3": _r(LARGE_V3, stages=3, pipe_gate_up=False),
+    "v3_dn_s4": _r(LARGE_V3, stages_down=4),
+    "v3_dn_w8": _r(LARGE_V3, warps_down=8),
+    "v3_dn_persistent2": _r(LARGE_V3, persistent_down=2),
+    "v3_dn_nopipe": _r(LARGE_V3, pipe_down=False),
 }
 
 

@@ -158,27 +158,27 @@ def test_moe_registered_op_picks_path():
 
 def _large_variants() -> dict:
     """Configurations of the large-M kernel (triton_moe_gemm_large) that the benchmark times."""
-    from dayzero.kernels.triton_moe import LARGE_V2
+    from dayzero.kernels.triton_moe import LARGE_V2, LARGE_V3
 
     r = dataclasses.replace
-    return {"v2": LARGE_V2, "gu_s4": r(LARGE_V2, stages=4, stages_down=3),
-            "dn_persistent2": r(LARGE_V2, persistent_down=2), "not_persistent": r(LARGE_V2, persistent_gate_up=0)}
+    return {"v2": LARGE_V2, "v3": LARGE_V3, "v3_gu_s3": r(LARGE_V3, stages=3), "v3_dn_w8": r(LARGE_V3, warps_down=8),
+            "v3_dn_persistent2": r(LARGE_V3, persistent_down=2)}
 
 
-@pytest.mark.parametrize("variant", ["v2", "gu_s4", "dn_persistent2", "not_persistent"])
+@pytest.mark.parametrize("variant", ["v2", "v3", "v3_gu_s3", "v3_dn_w8", "v3_dn_persistent2"])
 @pytest.mark.parametrize("T,E", [(300, 32), (2048, 32), (1024, 128)])
 def test_moe_large_kernel(variant, T, E):
     run_case(T, E, 2880, 2880, 4, False, seed=T + E, tiles=_large_variants()[variant])
 
 
-@pytest.mark.parametrize("variant", ["v2", "dn_persistent2"])
+@pytest.mark.parametrize("variant", ["v2", "v3"])
 def test_moe_large_kernel_odd_shapes_and_ep(variant):
     tiles = _large_variants()[variant]
     run_case(37, 6, 208, 336, 2, False, seed=3, tiles=tiles)                       # H, I not multiples of 128
     run_case(200, 8, 2880, 2880, 4, False, seed=5, offset=8, E_global=32, tiles=tiles)  # EP slice
 
 
-@pytest.mark.parametrize("variant", ["v2", "dn_persistent2"])
+@pytest.mark.parametrize("variant", ["v2", "v3"])
 def test_moe_large_kernel_skewed_routing(variant):
     """Ragged groups: expert 0 takes every token, experts 1-3 a few, 28 of 32 experts get none."""
     T, E, k, H = 1500, 32, 4, 2880

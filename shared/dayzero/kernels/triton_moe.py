@@ -60,12 +60,17 @@ class MoeTiles:
     persistent_gate_up: int = 0  # programs per SM walking the tiles (0: one program per tile)
     persistent_down: int = 0
     flatten: bool = True         # persistent: fuse tile and K loops (loads of the next tile overlap the epilogue)
+    pipe_gate_up: bool = False   # issue the dots of K step k+1 before step k's scale promotion
+    pipe_down: bool = False
 
 
 LARGE = MoeTiles(bm=64, bn_gate_up=256, bn_down=128, warps_gate_up=8, warps_down=4, stages=3, group_m=16, tma=True,
                  gather_quant=True)
 LARGE_V2 = MoeTiles(bm=64, bn_gate_up=256, bn_down=128, warps_gate_up=8, warps_down=4, stages=3, group_m=16,
                     tma=True, gather_quant=True, large_kernel=True, persistent_gate_up=1)
+LARGE_V3 = MoeTiles(bm=64, bn_gate_up=256, bn_down=128, warps_gate_up=8, warps_down=4, stages=2, stages_down=3,
+                    group_m=16, tma=True, gather_quant=True, large_kernel=True, split_gate_up=1, pipe_gate_up=True,
+                    pipe_down=True)
 SMALL = MoeTiles(bm=16, bn_gate_up=64, bn_down=64, warps_gate_up=4, warps_down=4, stages=4, group_m=1)
 TINY = MoeTiles(bm=16, bn_gate_up=32, bn_down=32, warps_gate_up=4, warps_down=4, stages=4, group_m=1)
 TINY_PAIRS = 64  # at most this many (token, expert) pairs: narrower N tiles so enough programs stream weights
@@ -100,7 +105,7 @@ def _gemm(a, a_scale_t, w, w_scale, bias, out, out_scale_t, al: AlignedPairs, we
 
 
 def _gemm_large(a, a_scale_t, w, w_scale, bias, out, out_scale_t, al: AlignedPairs, weights, *, K, N, epi, bn,
-                split, warps, stages, group_m, rescale, persistent, flatten, limit) -> None:
+                split, warps, stages, group_m, rescale, persistent, flatten, pipe, limit) -> None:
     """FP8 x FP8 grouped GEMM on triton_moe_gemm_large (A and W through TMA descriptors)."""
     nbm = al.padded_rows // al.block_m
     if persistent:
@@ -115,7 +120,8 @@ def _gemm_large(a, a_scale_t, w, w_scale, bias, out, out_scale_t, al: AlignedPai
         nbm, N, K, al.num_pairs, a_scale_t.stride(0), w_scale.stride(0), w_scale.stride(1), bias.stride(0),
         out.stride(0), out_scale_t.stride(0) if out_scale_t is not None else 0, float(limit), SWIGLU_ALPHA,
         EPI=epi, SPLIT_N=split, BM=al.block_m, BN=bn, BK=GROUP, GROUP_M=group_m, PERSISTENT=bool(persistent),
-        NUM_PROGS=progs if persistent else 1, FLATTEN=flatten, RESCALE=rescale, DOT_F32=interpreting(),
+        NUM_PROGS=progs if persistent else 1, FLATTEN=flatten, RESCALE=rescale, PIPE=pipe,
+        DOT_F32=interpreting(),
         num_warps=warps, num_stages=stages,
     )
 
@@ -142,9 +148,11 @@ class MoeRun:
         self.tiles = tiles = tiles or default_tiles(T * k, small)
         if not small and tiles.bn_gate_up != 2 * GROUP:
             raise ValueError("the FP8 gate_up epilogue quantizes h per 128 columns: bn_gate_up must be 256")
-        if tiles.large_kernel and any(128 % (bn // sp) for bn, sp in ((tiles.bn_gate_up, tiles.split_gate_up),
-                                                                       (tiles.bn_down, tiles.split_down))):
-            raise ValueError("large kernel: every dot's N width (bn // split) must divide 128")
+        if tiles.large_kernel and any(128 % (bn // sp) and (bn // sp != 256 or tiles.rescale or sp != 1)
+                                      for bn, sp in ((tiles.bn_gate_up, tiles.split_gate_up),
+                                                     (tiles.bn_down, tiles.split_down))):
+            raise ValueError("large kernel: every dot's N width (bn // split) must divide 128 (or be 256, unsplit,"
+                             " without rescale)")
         self.x, self.ids, self.weights, self.experts, self.limit = x.contiguous(), ids.contiguous(), \
             weights.contiguous(), experts, limit
         self.offset = int(experts.derived.get("expert_offset", 0))
@@ -186,7 +194,7 @@ class MoeRun:
             _gemm_large(self.xq, self.xs_t, ex.gate_up, ex.gate_up_scale, ex.gate_up_bias, self.h, self.hs_t, self.al,
                         self.weights, K=self.H, N=2 * self.I, epi=1, bn=t.bn_gate_up, split=t.split_gate_up,
                         warps=t.warps_gate_up, stages=t.stages, group_m=t.group_m, rescale=t.rescale,
-                        persistent=t.persistent_gate_up, flatten=t.flatten, limit=self.limit)
+                        persistent=t.persistent_gate_up, flatten=t.flatten, pipe=t.pipe_gate_up, limit=self.limit)
             return
         _gemm(self.xq, self.xs_t, ex.gate_up, ex.gate_up_scale, ex.gate_up_bias, self.h, self.hs_t, self.al,
               self.weights, self.k, K=self.H, N=2 * self.I, gather=self.small or not t.gather_quant, scatter=False,
@@ -199,7 +207,7 @@ class MoeRun:
             _gemm_large(self.h, self.hs_t, ex.down, ex.down_scale, ex.down_bias, self.y, None, self.al, self.weights,
                         K=self.I, N=self.H, epi=2, bn=t.bn_down, split=t.split_down, warps=t.warps_down,
                         stages=t.stages_down or t.stages, group_m=t.group_m, rescale=t.rescale,
-                        persistent=t.persistent_down, flatten=t.flatten, limit=self.limit)
+                        persistent=t.persistent_down, flatten=t.flatten, pipe=t.pipe_down, limit=self.limit)
             return
         _gemm(self.h, self.hs_t, ex.down, ex.down_scale, ex.down_bias, self.y, None, self.al, self.weights,
               self.k, K=self.I, N=self.H, gather=False, scatter=True, a_fp8=not self.small, epi=2,

@@ -77,17 +77,52 @@ def _down_store(acc, bias_ptr, offs_n, N, w, c_ptr, c_row, row_ok, stride_cm):
 
 
 @triton.jit
+def _load_step(a_desc, as_ptr, b_desc, bs_base, pid_m, e, n0, N, kb, offs_m, stride_as, stride_bsn,
+               SPLIT_N: tl.constexpr, BNS: tl.constexpr, BM: tl.constexpr, BK: tl.constexpr):
+    """Operands of K step kb: A [BM, BK], W halves b0/b1 [BK, BNS] and the scale of each half as a row
+    vector r [BM] and, for a 256-wide half (two weight blocks), a column vector c [BNS] (else c = r)."""
+    k0 = kb * BK
+    kg = k0 // 128
+    a = a_desc.load([pid_m * BM, k0])
+    sa = tl.load(as_ptr + kg * stride_as + offs_m)                   # sorted rows: always in bounds
+    b0 = tl.reshape(b_desc.load([e, n0, k0]), (BNS, BK)).T           # OOB reads are 0
+    sb0 = tl.load(bs_base + kg)
+    if BNS > 128:
+        sb1 = tl.load(bs_base + stride_bsn + kg, mask=n0 + 128 < N, other=1.0)
+        c0 = tl.where(tl.arange(0, BNS) < 128, sb0, sb1)
+        r0 = sa
+    else:
+        r0 = sa * sb0
+        c0 = r0
+    b1 = b0
+    r1 = r0
+    c1 = c0
+    if SPLIT_N == 2:
+        b1 = tl.reshape(b_desc.load([e, n0 + BNS, k0]), (BNS, BK)).T
+        r1 = sa * tl.load(bs_base + ((n0 + BNS) // 128 - n0 // 128) * stride_bsn + kg, mask=n0 + BNS < N,
+                          other=1.0)
+    return a, b0, b1, r0, c0, r1, c1
+
+
+@triton.jit
+def _promote(acc, d, r, c, WIDE: tl.constexpr):
+    """acc += d * scale: per row (r) for a half inside one weight block, per row x column if WIDE."""
+    if WIDE:
+        return acc + d * (r[:, None] * c[None, :])
+    return acc + d * r[:, None]
+
+
+@triton.jit
 def _tile(a_desc, as_ptr, b_desc, bs_ptr, bias_ptr, c_ptr, cs_ptr, sorted_ids_ptr, weights_ptr,
           pid_m, pid_n, e, N, K, num_pairs, stride_as, stride_bse, stride_bsn, stride_biase,
           stride_cm, stride_cs, limit, alpha,
           EPI: tl.constexpr, SPLIT_N: tl.constexpr, BM: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr,
-          RESCALE: tl.constexpr, DOT_F32: tl.constexpr):
+          RESCALE: tl.constexpr, PIPE: tl.constexpr, DOT_F32: tl.constexpr):
     BNS: tl.constexpr = BN // SPLIT_N
     offs_m = pid_m * BM + tl.arange(0, BM)
     n0 = pid_n * BN
     e64 = e.to(tl.int64)
-    bs_base = bs_ptr + e64 * stride_bse + (n0 // 128) * stride_bsn      # BNS divides 128
-    has_hi = n0 + BNS < N
+    bs_base = bs_ptr + e64 * stride_bse + (n0 // 128) * stride_bsn      # BNS divides 128, or is 256
     acc0 = tl.zeros((BM, BNS), dtype=tl.float32)
     acc1 = tl.zeros((BM, BNS), dtype=tl.float32)
     # RESCALE keeps one register tile per accumulator (no second tile for the fresh product): acc holds
@@ -95,31 +130,48 @@ def _tile(a_desc, as_ptr, b_desc, bs_ptr, bias_ptr, c_ptr, cs_ptr, sorted_ids_pt
     # Scale factors are >= 1e-10/448 each, so the quotients stay far inside fp32's range.
     p0 = tl.full((BM,), 1.0, tl.float32)
     p1 = tl.full((BM,), 1.0, tl.float32)
-    for kb in range(0, tl.cdiv(K, BK)):
-        k0 = kb * BK
-        kg = k0 // 128
-        a = a_desc.load([pid_m * BM, k0])                                # [BM, BK] fp8
-        sa = tl.load(as_ptr + kg * stride_as + offs_m)                   # [BM] (sorted rows: in bounds)
-        b0 = tl.reshape(b_desc.load([e, n0, k0]), (BNS, BK)).T           # [BK, BNS]; OOB reads are 0
-        s0 = sa * tl.load(bs_base + kg)
-        if SPLIT_N == 2:
-            b1 = tl.reshape(b_desc.load([e, n0 + BNS, k0]), (BNS, BK)).T
-            s1 = sa * tl.load(bs_base + ((n0 + BNS) // 128 - n0 // 128) * stride_bsn + kg, mask=has_hi, other=1.0)
-            if RESCALE:  # both accumulators rescaled before either dot is issued (no wgmma serialisation)
+    nk = tl.cdiv(K, BK)
+    WIDE: tl.constexpr = BNS > 128
+    if RESCALE:  # (BNS <= 128 only)
+        for kb in range(0, nk):
+            a, b0, b1, s0, c0, s1, c1 = _load_step(a_desc, as_ptr, b_desc, bs_base, pid_m, e, n0, N, kb, offs_m,
+                                                   stride_as, stride_bsn, SPLIT_N, BNS, BM, BK)
+            if SPLIT_N == 2:  # both accumulators rescaled before either dot is issued (else wgmma serialises)
                 x0 = acc0 * (p0 / s0)[:, None]
                 x1 = acc1 * (p1 / s1)[:, None]
                 acc0 = _dot(a, b0, x0, DOT_F32)
                 acc1 = _dot(a, b1, x1, DOT_F32)
-                p0 = s0
                 p1 = s1
             else:
-                acc0 += _dot(a, b0, None, DOT_F32) * s0[:, None]
-                acc1 += _dot(a, b1, None, DOT_F32) * s1[:, None]
-        elif RESCALE:
-            acc0 = _dot(a, b0, acc0 * (p0 / s0)[:, None], DOT_F32)
+                acc0 = _dot(a, b0, acc0 * (p0 / s0)[:, None], DOT_F32)
             p0 = s0
-        else:
-            acc0 += _dot(a, b0, None, DOT_F32) * s0[:, None]
+    elif PIPE:  # the dots of step k+1 are issued before step k's promotion (two product tiles live)
+        a, b0, b1, r0, c0, r1, c1 = _load_step(a_desc, as_ptr, b_desc, bs_base, pid_m, e, n0, N, 0, offs_m,
+                                               stride_as, stride_bsn, SPLIT_N, BNS, BM, BK)
+        d0 = _dot(a, b0, None, DOT_F32)
+        d1 = d0
+        if SPLIT_N == 2:
+            d1 = _dot(a, b1, None, DOT_F32)
+        for kb in range(1, nk):
+            a, b0, b1, t0, u0, t1, u1 = _load_step(a_desc, as_ptr, b_desc, bs_base, pid_m, e, n0, N, kb, offs_m,
+                                                   stride_as, stride_bsn, SPLIT_N, BNS, BM, BK)
+            nd0 = _dot(a, b0, None, DOT_F32)
+            nd1 = nd0
+            if SPLIT_N == 2:
+                nd1 = _dot(a, b1, None, DOT_F32)
+                acc1 = _promote(acc1, d1, r1, c1, WIDE)
+            acc0 = _promote(acc0, d0, r0, c0, WIDE)
+            d0, d1, r0, c0, r1, c1 = nd0, nd1, t0, u0, t1, u1
+        acc0 = _promote(acc0, d0, r0, c0, WIDE)
+        if SPLIT_N == 2:
+            acc1 = _promote(acc1, d1, r1, c1, WIDE)
+    else:
+        for kb in range(0, nk):
+            a, b0, b1, r0, c0, r1, c1 = _load_step(a_desc, as_ptr, b_desc, bs_base, pid_m, e, n0, N, kb, offs_m,
+                                                   stride_as, stride_bsn, SPLIT_N, BNS, BM, BK)
+            acc0 = _promote(acc0, _dot(a, b0, None, DOT_F32), r0, c0, WIDE)
+            if SPLIT_N == 2:
+                acc1 = _promote(acc1, _dot(a, b1, None, DOT_F32), r1, c1, WIDE)
     if RESCALE:
         acc0 = acc0 * p0[:, None]
         acc1 = acc1 * p1[:, None]
@@ -160,6 +212,7 @@ def moe_gemm_large_kernel(
     EPI: tl.constexpr, SPLIT_N: tl.constexpr, BM: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr,
     GROUP_M: tl.constexpr, PERSISTENT: tl.constexpr = False, NUM_PROGS: tl.constexpr = 1,
     FLATTEN: tl.constexpr = False, WARP_SPEC: tl.constexpr = False, RESCALE: tl.constexpr = False,
+    PIPE: tl.constexpr = False,
     DOT_F32: tl.constexpr = False,
 ):
     num_pid_n = tl.cdiv(N, BN)
@@ -171,11 +224,11 @@ def moe_gemm_large_kernel(
             e = tl.load(block_expert_ptr + pid_m)
             _tile(a_desc, as_ptr, b_desc, bs_ptr, bias_ptr, c_ptr, cs_ptr, sorted_ids_ptr, weights_ptr,
                   pid_m, pid_n, e, N, K, num_pairs, stride_as, stride_bse, stride_bsn, stride_biase,
-                  stride_cm, stride_cs, limit, alpha, EPI, SPLIT_N, BM, BN, BK, RESCALE, DOT_F32)
+                  stride_cm, stride_cs, limit, alpha, EPI, SPLIT_N, BM, BN, BK, RESCALE, PIPE, DOT_F32)
     else:
         pid_m, pid_n = _swizzle(tl.program_id(0), num_blocks_m, num_pid_n, GROUP_M)
         e = tl.load(block_expert_ptr + pid_m)
         if e >= 0:
             _tile(a_desc, as_ptr, b_desc, bs_ptr, bias_ptr, c_ptr, cs_ptr, sorted_ids_ptr, weights_ptr,
                   pid_m, pid_n, e, N, K, num_pairs, stride_as, stride_bse, stride_bsn, stride_biase,
-                  stride_cm, stride_cs, limit, alpha, EPI, SPLIT_N, BM, BN, BK, RESCALE, DOT_F32)
+                  stride_cm, stride_cs, limit, alpha, EPI, SPLIT_N, BM, BN, BK, RESCALE, PIPE, DOT_F32)
