@@ -112,13 +112,13 @@ def test_repeated_experts(T, fused):
     check("20b", T, seed=100 + T, tiles=SmallTiles(bm=16, fused_combine=fused), repeated=True)
 
 
-@pytest.mark.parametrize("tiles", ["bm32", "bn64_16", "bn128", "unfused", "warps2_stages3"])
+@pytest.mark.parametrize("tiles", ["bm16", "bn64_16", "bn128", "unfused", "warps2"])
 def test_tile_variants(tiles):
     from dayzero.kernels.triton_moe_small import SmallTiles
 
-    t = {"bm32": SmallTiles(bm=32), "bn64_16": SmallTiles(bn_gate_up=64, bn_down=16),
-         "bn128": SmallTiles(bn_gate_up=128, bn_down=128), "unfused": SmallTiles(fused_combine=False),
-         "warps2_stages3": SmallTiles(warps=2, stages=3)}[tiles]
+    t = {"bm16": SmallTiles(bm=16), "bn64_16": SmallTiles(bm=32, bn_gate_up=64, bn_down=16),
+         "bn128": SmallTiles(bm=32, bn_gate_up=128, bn_down=128), "unfused": SmallTiles(bm=32, fused_combine=False),
+         "warps2": SmallTiles(bm=32, warps=2)}[tiles]
     check("20b", 33, seed=7, tiles=t)
 
 

@@ -1,0 +1,148 @@
+"""Decode-sized MoE (1-64 tokens): the two-launch path (``triton_moe_small``) vs the aligned small-M
+path of ``triton_moe`` (``MoeRun(small=True)``: 3 align launches, gate_up, down, combine).
+
+    PYTHONPATH=shared python bench/moe/bench_small.py --out DIR [--quick]
+
+What counts for decode is GPU time inside a CUDA graph (the engine replays decode in graphs), so
+each case captures R calls with R different routings (each call its own buffers) in one graph,
+replays it and divides the event time by R. Consecutive calls at T <= 2 touch disjoint experts, and
+larger T touch >= 300 MB per call, so the 60 MB L2 does not serve the weights. Bandwidth is on the
+bytes of the distinct experts each call touches (FP8 gate_up + down, block scales, biases). Eager
+``do_bench`` rows (``section=small_eager``) are host-bound launch costs, reported as such.
+Writes DIR/moe-small.json after every section.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import os
+import statistics
+import sys
+
+import torch
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from common import COPY_TBS, Results, median_ms, random_experts  # noqa: E402
+
+from dayzero.kernels.triton_moe import MoeRun  # noqa: E402
+from dayzero.kernels.triton_moe_small import MoeSmall, default_tiles  # noqa: E402
+
+H = I = 2880
+K_TOP = 4
+LIMIT = 7.0
+R = 8  # calls per graph
+DEV = "cuda"
+
+
+def expert_bytes(ex) -> int:
+    return (ex.gate_up[0].numel() + ex.down[0].numel() + 4 * (ex.gate_up_scale[0].numel() + ex.down_scale[0].numel())
+            + 2 * (ex.gate_up_bias[0].numel() + ex.down_bias[0].numel()))
+
+
+def routings(T: int, E: int, seed: int) -> list[tuple[torch.Tensor, torch.Tensor]]:
+    """R (weights [T,k] bf16, ids [T,k]) routings: random top-k; when few pairs, each call avoids
+    the experts of the call before it (and the last avoids the first's: the graph loops)."""
+    g = torch.Generator(device=DEV).manual_seed(seed)
+    out, prev = [], None
+    first = None
+    for r in range(R):
+        logits = torch.randn(T, E, device=DEV, generator=g).float()
+        if 2 * T * K_TOP <= E and prev is not None:
+            logits[:, prev] = float("-inf")
+            if r == R - 1:
+                logits[:, first] = float("-inf")
+        top, ids = logits.bfloat16().topk(K_TOP, dim=1)
+        out.append((torch.softmax(top, dim=1, dtype=torch.bfloat16), ids))
+        prev = torch.unique(ids)
+        first = prev if first is None else first
+    return out
+
+
+def graph_us(calls: list, reps: int = 20) -> float:
+    """Median GPU time of one call (us) from a CUDA graph of all the calls, replayed ``reps`` times."""
+    for c in calls:  # compile, warm up
+        c()
+    torch.cuda.synchronize()
+    g = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(g):
+        for c in calls:
+            c()
+    g.replay()
+    torch.cuda.synchronize()
+    t0, t1 = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    times = []
+    for _ in range(reps):
+        t0.record()
+        g.replay()
+        t1.record()
+        t1.synchronize()
+        times.append(t0.elapsed_time(t1) * 1000.0 / len(calls))
+    return statistics.median(times)
+
+
+def variants(T: int, full: bool) -> dict:
+    """Default tiles and the fused/unfused combine; with ``full`` (20B at T = 1 and 64) a few tile
+    alternatives (each is a compile, so few)."""
+    base = default_tiles(T)
+    v = {"small2": base, "small2_unfused": dataclasses.replace(base, fused_combine=False)}
+    if full and T in (1, 64):
+        v["small2_bn64"] = dataclasses.replace(base, bn_gate_up=64, bn_down=64)
+        v["small2_warps2"] = dataclasses.replace(base, warps=2)
+        if T == 1:
+            v["small2_bn_down16"] = dataclasses.replace(base, bn_down=16)
+        else:
+            v["small2_bm16"] = dataclasses.replace(base, bm=16)
+    return v
+
+
+def sweep(res: Results, E: int, Ts, full: bool, out_dir: str) -> None:
+    ex = random_experts(E, H, I, seed=E + 3)
+    per_expert = expert_bytes(ex)
+    for T in Ts:
+        xs = [torch.randn(T, H, device=DEV).bfloat16() for _ in range(R)]
+        routes = routings(T, E, seed=T)
+        touched = statistics.mean(int(torch.unique(ids).numel()) for _, ids in routes)
+        mb = touched * per_expert / 1e6
+        base = dict(E=E, T=T, experts_touched=touched, mb_touched=round(mb, 1),
+                    floor_us=mb / COPY_TBS, target_us=mb / (0.7 * COPY_TBS))
+        makers = {name: (lambda x, w, i, t=t: MoeSmall(x, w, i, ex, LIMIT, t)) for name, t in variants(T, full).items()}
+        makers["old_small"] = lambda x, w, i: MoeRun(x, w, i, ex, LIMIT, small=True)
+        for name, make in makers.items():
+            try:
+                runs = [make(x, w, i) for x, (w, i) in zip(xs, routes)]
+                us = graph_us(runs)
+            except Exception as exc:  # noqa: BLE001 - record and go on with the other variants
+                res.add(section="small_graph", variant=name, error=repr(exc)[:300], **base)
+                continue
+            res.add(section="small_graph", variant=name, us=us, tbs=mb / us, frac_copy=mb / us / COPY_TBS, **base)
+            if name in ("small2", "old_small"):
+                res.add(section="small_eager", variant=name, us_host_bound=median_ms(runs[0]) * 1e3, **base)
+            if name == "small2":  # per-stage GPU time, each stage alone in its graph
+                for stage in MoeSmall.STAGES:
+                    res.add(section="small_stage", variant=name, stage=stage,
+                            us=graph_us([getattr(r, stage) for r in runs]), **base)
+            del runs
+        res.write(out_dir)
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--out", default=os.environ.get("OUT", "."))
+    ap.add_argument("--quick", action="store_true")
+    args = ap.parse_args()
+    res = Results("moe-small")
+    a = torch.empty(1 << 30, dtype=torch.uint8, device=DEV)
+    b = torch.empty_like(a)
+    ms = median_ms(lambda: b.copy_(a))
+    res.add(section="ceiling", name="copy_1GiB", ms=ms, tbs=2 * a.numel() / ms / 1e9)
+    del a, b
+    Ts = (1, 4, 16, 64) if args.quick else (1, 2, 4, 8, 16, 32, 64)
+    res.section("sweep_E32", sweep, 32, Ts, not args.quick, args.out)
+    res.section("sweep_E128", sweep, 128, Ts, False, args.out)
+    print("wrote", res.write(args.out), "errors:", len(res.errors))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
