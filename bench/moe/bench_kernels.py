@@ -25,7 +25,7 @@ from common import COPY_TBS, DEVICE, Results, median_ms, random_experts, random_
 
 from dayzero.kernels import triton_linear as TL  # noqa: E402
 from dayzero.kernels import torch_ops  # noqa: E402
-from dayzero.kernels.triton_moe import LARGE, LARGE_V2, LARGE_V3, SMALL, TINY, MoeRun, default_tiles  # noqa: E402
+from dayzero.kernels.triton_moe import LARGE, LARGE_V1, SMALL, TINY, MoeRun, default_tiles  # noqa: E402
 
 H = I = 2880
 K_TOP = 4
@@ -92,7 +92,8 @@ def _flop(T: int) -> float:
 
 PREFILL_VARIANTS = {
     "default": LARGE,                                               # x quantized into sorted order, A via TMA
-    "gather_a_ptr": dataclasses.replace(LARGE, gather_quant=False),  # previous default: pointer gather of x
+    "v1": LARGE_V1,                                                 # previous default (moe_gemm_kernel)
+    "gather_a_ptr": dataclasses.replace(LARGE, gather_quant=False),  # pointer gather of x (moe_gemm_kernel)
     "stages4": dataclasses.replace(LARGE, stages=4),
     "group8": dataclasses.replace(LARGE, group_m=8),
     "down_w8": dataclasses.replace(LARGE, warps_down=8),
@@ -181,16 +182,14 @@ def hf_experts(res: Results, ex, w1, w2, T: int) -> None:
 
 
 _r = dataclasses.replace
-V2_VARIANTS = {  # triton_moe_gemm_large configurations (registers / occupancy per variant: bench/NOTES.md)
-    "base": LARGE,
-    "v2": LARGE_V2,               # gu 2 x (64x128) dots, 8 warps, 3 stages, persistent + flatten; dn 64x128 w4 s3
-    "v3": LARGE_V3,               # gu one 64x256 dot, 8 warps, 2 stages, PIPE; dn 64x128 w4 s3 PIPE
-    "v3_gu_s3": _r(LARGE_V3, stages=3),
-    "v3_gu_nopipe_s3": _r(LARGE_V3, stages=3, pipe_gate_up=False),
-    "v3_dn_s4": _r(LARGE_V3, stages_down=4),
-    "v3_dn_w8": _r(LARGE_V3, warps_down=8),
-    "v3_dn_persistent2": _r(LARGE_V3, persistent_down=2),
-    "v3_dn_nopipe": _r(LARGE_V3, pipe_down=False),
+V2_VARIANTS = {  # large-M configurations (registers / occupancy / results per variant: bench/NOTES.md runs 5-8)
+    "v1": LARGE_V1,                # previous default (moe_gemm_kernel); "base" in runs 5-8
+    "default": LARGE,              # triton_moe_gemm_large, gu one 64x256 dot w8 s3, dn w4 s3; "v4" in run 8
+    "split2_persistent_flatten": _r(LARGE, split_gate_up=2, persistent_gate_up=1),                # run 6 "v2"
+    "pipe": _r(LARGE, stages=2, stages_down=3, pipe_gate_up=True, pipe_down=True),              # run 7 "v3"
+    "down_persistent2": _r(LARGE, persistent_down=2),
+    "rescale_w4s2_persistent2": _r(LARGE, split_gate_up=2, rescale=True, warps_gate_up=4, stages=2, stages_down=3,
+                                   persistent_gate_up=2),  # fastest gate_up, fails the accuracy bound
 }
 
 
@@ -206,7 +205,7 @@ def moe_prefill_v2(res: Results, E: int, T: int, variants: list[str]) -> None:
     for balanced in (False, True):
         w, ids = routing(T, E, K_TOP, balanced, seed=T)
         ref = torch_ops.moe_experts(x, w, ids, ex, LIMIT)
-        for var in (variants if not balanced else [v for v in variants if v in ("base", "v2")]):
+        for var in (variants if not balanced else [v for v in variants if v in ("v1", "default")]):
             run = MoeRun(x, w, ids, ex, LIMIT, tiles=V2_VARIANTS[var], small=False)
             run.out.fill_(float("nan"))
             run.y.fill_(float("nan"))                                             # every pair's row must be written
@@ -218,7 +217,7 @@ def moe_prefill_v2(res: Results, E: int, T: int, variants: list[str]) -> None:
             for stage, frac in (("gate_up", 2 / 3), ("down", 1 / 3)):
                 sms = median_ms(getattr(run, stage))
                 row[f"{stage}_ms"], row[f"{stage}_tflops"] = sms, _flop(T) * frac / sms / 1e9
-            if var == "base":
+            if var == "default":
                 for stage in ("align", "quant", "combine"):
                     row[f"{stage}_ms"] = median_ms(getattr(run, stage))
             res.add(**row)

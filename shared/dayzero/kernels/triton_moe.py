@@ -12,14 +12,16 @@ Expert parallel: ``experts.derived["expert_offset"]`` is the first global id of 
 routes to other ranks' experts are skipped (the caller all-reduces over EP ranks).
 Two paths (kernel in triton_moe_gemm):
   * large M (prefill): x quantized 1x128 straight into the expert-sorted row order (so gate_up
-    reads A, like B, by TMA); FP8 x FP8 tensor-core GEMMs with per-128-K-step block scaling; h is
-    quantized to FP8 (1x128) inside the gate_up epilogue (tile N = 256 = one 128-wide h group).
+    reads A, like B, by TMA); FP8 x FP8 tensor-core GEMMs with per-128-K-step block scaling
+    (triton_moe_gemm_large; moe_gemm_kernel where TMA cannot take the operands); h is quantized to
+    FP8 (1x128) inside the gate_up epilogue (tile N = 256 = one 128-wide h group).
   * small M (decode, bandwidth bound): bf16 activations x FP8 weights widened in registers; h stays
     bf16. Every touched expert's weights are read once per N tile.
 """
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass
 
 import torch
@@ -53,7 +55,7 @@ class MoeTiles:
     gather_quant: bool = False  # FP8 path: quantize x straight into sorted row order, gate_up A via TMA
     # FP8 path on triton_moe_gemm_large (needs gather_quant and TMA-aligned operands, else the kernel above):
     large_kernel: bool = False
-    split_gate_up: int = 2       # 128-wide dots per 256-wide gate_up tile (per-row scale per dot)
+    split_gate_up: int = 1       # 2: the 256-wide gate_up tile as two 128-wide dots (per-row scales)
     split_down: int = 1
     rescale: bool = False        # one register tile per accumulator; less accurate (see triton_moe_gemm_large)
     stages_down: int = 0         # 0: same as stages
@@ -64,13 +66,11 @@ class MoeTiles:
     pipe_down: bool = False
 
 
+# Large-M (prefill) default, bench/NOTES.md runs 5-8: gate_up one 64x256 dot (8 warps, 3 stages, 215 regs),
+# down 64x128 (4 warps, 150 regs: 3 CTAs per SM), both on triton_moe_gemm_large; 5 % faster than LARGE_V1.
 LARGE = MoeTiles(bm=64, bn_gate_up=256, bn_down=128, warps_gate_up=8, warps_down=4, stages=3, group_m=16, tma=True,
-                 gather_quant=True)
-LARGE_V2 = MoeTiles(bm=64, bn_gate_up=256, bn_down=128, warps_gate_up=8, warps_down=4, stages=3, group_m=16,
-                    tma=True, gather_quant=True, large_kernel=True, persistent_gate_up=1)
-LARGE_V3 = MoeTiles(bm=64, bn_gate_up=256, bn_down=128, warps_gate_up=8, warps_down=4, stages=2, stages_down=3,
-                    group_m=16, tma=True, gather_quant=True, large_kernel=True, split_gate_up=1, pipe_gate_up=True,
-                    pipe_down=True)
+                 gather_quant=True, large_kernel=True, split_gate_up=1)
+LARGE_V1 = dataclasses.replace(LARGE, large_kernel=False)  # the previous default: moe_gemm_kernel for both GEMMs
 SMALL = MoeTiles(bm=16, bn_gate_up=64, bn_down=64, warps_gate_up=4, warps_down=4, stages=4, group_m=1)
 TINY = MoeTiles(bm=16, bn_gate_up=32, bn_down=32, warps_gate_up=4, warps_down=4, stages=4, group_m=1)
 TINY_PAIRS = 64  # at most this many (token, expert) pairs: narrower N tiles so enough programs stream weights

@@ -1,21 +1,28 @@
 """Large-M (prefill) FP8 grouped GEMM of the fused MoE: both operands by TMA, 1x128 x 128x128 block
-scaling, expert-sorted rows from ``triton_moe_align``.
+scaling promoted to fp32 after every 128-wide K step, expert-sorted rows from ``triton_moe_align``.
 
-Differences from ``triton_moe_gemm.moe_gemm_kernel`` (which stays the small-M / dense / gather kernel):
-  * ``SPLIT_N = 2``: a BN = 256 tile is computed as two 128-wide dots. Each half lies inside one
-    128-row weight block, so its per-K-step scale is a per-row vector (``sa * sb``): one FMA per
-    accumulator element instead of a full-tile scale product, and a 4-warp program holds both
-    64x128 accumulators without spilling (two programs per SM where shared memory allows).
-  * ``PERSISTENT``: NUM_PROGS programs walk the (m block, n block) tiles of the non-empty M blocks
-    (counted on the device from ``block_expert``; no host sync); ``FLATTEN`` lets Triton fuse the
-    tile and K loops so the next tile's loads are in flight during the epilogue.
+The default (``triton_moe.LARGE``: one 64x256 gate_up dot, 8 warps, 3 stages; 64x128 down, 4 warps)
+runs ~5 % faster than ``triton_moe_gemm.moe_gemm_kernel`` (which stays the small-M / dense / pointer
+gather kernel and the fallback when TMA cannot take the operands): 215 / 150 registers instead of
+255 / 198, so down fits 3 programs per SM. Options, each measured (bench/NOTES.md, MoE runs 5-8):
+  * ``SPLIT_N = 2``: a 256-wide tile as two 128-wide dots, each inside one weight block, so a K
+    step's scale is a per-row vector. No faster on its own.
+  * ``RESCALE``: one register tile per accumulator, ``acc = dot(a, b, acc * (p / s))``. Faster gate_up
+    at 4 warps (2 programs per SM) but NOT accurate enough: the whole K sum then runs in the tensor
+    core's reduced-precision FP8 accumulator (the reason block scaling promotes per K step); the GPU
+    tests' bound vs the torch FP8 reference fails. Needs every dot 128 wide or less.
+  * ``PIPE``: issue the dots of step k+1 before promoting step k. Slower as Triton emits it (the wait
+    still follows the new dot; ptxas overlaps only sometimes).
+  * ``PERSISTENT`` (+ ``FLATTEN``): NUM_PROGS programs walk the tiles of the non-empty M blocks
+    (counted on the device from ``block_expert``, no host sync). Helps only with ``RESCALE``.
 Epilogues as in ``moe_gemm_kernel``: EPI 1 = gate_up (``+ b1``, bf16 round, clamped SwiGLU on the
 interleaved columns, FP8 1x128 quantization of h: BN must be 256 = one 128-wide h group); EPI 2 =
 down (``(+ b2) * routing weight``, rows scattered to pair order).
 
 Operands: ``a_desc`` TensorDescriptor over A [Mpad, K] fp8, block [BM, BK]; ``as_ptr`` A scales
 group-major (row r, group g at ``as_ptr + g * stride_as + r``); ``b_desc`` over W [E, N, K] fp8,
-block [1, BN // SPLIT_N, BK]; ``bs_ptr`` W scales [E, ceil(N/128), ceil(K/128)].
+block [1, BN // SPLIT_N, BK]; ``bs_ptr`` W scales [E, ceil(N/128), ceil(K/128)]. Padding rows (sorted
+id == num_pairs) compute garbage that is never stored; rows of empty blocks are never touched.
 """
 
 from __future__ import annotations
@@ -125,9 +132,8 @@ def _tile(a_desc, as_ptr, b_desc, bs_ptr, bias_ptr, c_ptr, cs_ptr, sorted_ids_pt
     bs_base = bs_ptr + e64 * stride_bse + (n0 // 128) * stride_bsn      # BNS divides 128, or is 256
     acc0 = tl.zeros((BM, BNS), dtype=tl.float32)
     acc1 = tl.zeros((BM, BNS), dtype=tl.float32)
-    # RESCALE keeps one register tile per accumulator (no second tile for the fresh product): acc holds
-    # the sum divided by the last step's scale p, so a step is acc = dot(a, b, acc * (p / s)); p = s.
-    # Scale factors are >= 1e-10/448 each, so the quotients stay far inside fp32's range.
+    # RESCALE: acc holds the sum divided by the last step's scale p; scale factors are >= 1e-10/448
+    # each, so the quotients stay far inside fp32's range (accuracy: see the module docstring).
     p0 = tl.full((BM,), 1.0, tl.float32)
     p1 = tl.full((BM,), 1.0, tl.float32)
     nk = tl.cdiv(K, BK)
@@ -211,15 +217,13 @@ def moe_gemm_large_kernel(
     limit, alpha,
     EPI: tl.constexpr, SPLIT_N: tl.constexpr, BM: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr,
     GROUP_M: tl.constexpr, PERSISTENT: tl.constexpr = False, NUM_PROGS: tl.constexpr = 1,
-    FLATTEN: tl.constexpr = False, WARP_SPEC: tl.constexpr = False, RESCALE: tl.constexpr = False,
-    PIPE: tl.constexpr = False,
+    FLATTEN: tl.constexpr = False, RESCALE: tl.constexpr = False, PIPE: tl.constexpr = False,
     DOT_F32: tl.constexpr = False,
 ):
     num_pid_n = tl.cdiv(N, BN)
     if PERSISTENT:
         used_m = _count_used_blocks(block_expert_ptr, num_blocks_m, 1024)
-        for tile in tl.range(tl.program_id(0), used_m * num_pid_n, NUM_PROGS, flatten=FLATTEN,
-                             warp_specialize=WARP_SPEC):
+        for tile in tl.range(tl.program_id(0), used_m * num_pid_n, NUM_PROGS, flatten=FLATTEN):
             pid_m, pid_n = _swizzle(tile, used_m, num_pid_n, GROUP_M)
             e = tl.load(block_expert_ptr + pid_m)
             _tile(a_desc, as_ptr, b_desc, bs_ptr, bias_ptr, c_ptr, cs_ptr, sorted_ids_ptr, weights_ptr,
