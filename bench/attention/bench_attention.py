@@ -25,14 +25,18 @@ from attn_common import single_sequence, sink_reference_rows, time_ms  # noqa: E
 
 from dayzero.kernels.triton_attention import attention, store_kv  # noqa: E402
 from dayzero.kernels.triton_attention_decode import choose_num_splits  # noqa: E402
+from dayzero.kernels.triton_attention_window import window_attention  # noqa: E402
 
 SCALE = D ** -0.5
 def _pcfg(m, n, w, s, pack, tma):
     return dict(KERNEL="flash", BLOCK_M=m, BLOCK_N=n, num_warps=w, num_stages=s, PACK=pack, TMA=tma)
 
 
-def _wcfg(rows, w, tiles=1, s=1):
-    return dict(KERNEL="window", ROWS=rows, TILES=tiles, num_warps=w, num_stages=s)
+def _wcfg(rows, w, tma=True, s=1, tiles=1, maxnreg=None):
+    cfg = dict(KERNEL="window", ROWS=rows, num_warps=w, num_stages=s, TMA=tma, TILES=tiles)
+    if maxnreg:
+        cfg["maxnreg"] = maxnreg
+    return cfg
 
 
 # name -> config; the first entry is the shipped default (default_prefill_config), the rest are
@@ -44,14 +48,14 @@ PREFILL_CFGS = {
     "m128n128w8s3_pack_tma": _pcfg(128, 128, 8, 3, True, True),
 }
 WINDOW_CFGS = {
-    "win_r128w8": _wcfg(128, 8),
+    "win_r64w4_tma": _wcfg(64, 4),
     "m64n32w4s3_pack_tma": _pcfg(64, 32, 4, 3, True, True),
-    "win_r128w4": _wcfg(128, 4),
-    "win_r64w4": _wcfg(64, 4),
-    "win_r64w2": _wcfg(64, 2),
-    "win_r128w8_t4s2": _wcfg(128, 8, 4, 2),
-    "win_r64w4_t4s2": _wcfg(64, 4, 4, 2),
-    "win_r64w4_t8s3": _wcfg(64, 4, 8, 3),
+    "win_r64w4": _wcfg(64, 4, tma=False),
+    "win_r64w4_tma_reg96": _wcfg(64, 4, maxnreg=96),
+    "win_r64w4_reg96": _wcfg(64, 4, tma=False, maxnreg=96),
+    "win_r64w4_tma_t2s2": _wcfg(64, 4, s=2, tiles=2),
+    "win_r64w4_tma_t4s3": _wcfg(64, 4, s=3, tiles=4),
+    "win_r128w8_tma": _wcfg(128, 8),
 }
 DECODE_CFGS = {
     "n128w4s3": dict(BLOCK_N=128, num_warps=4, num_stages=3),
@@ -103,6 +107,9 @@ def bench_prefill(sizes, rows, ceil_bw, quick, windows):
                          tflops=causal_flops(n, window) / (ms * 1e-3) / 1e12,
                          floor_ms=qkvo_bytes(n) / ceil_bw * 1e3)
                 r["x_floor"] = ms / r["floor_ms"]
+                if cfgs[name].get("KERNEL") == "window":  # registers / spills / smem of each launch
+                    ks = window_attention(*args, max_seqlen_q=n, out=out, config=cfgs[name])
+                    r["launches"] = [dict(regs=k.n_regs, spills=k.n_spills, smem=k.metadata.shared) for k in ks]
                 res.append(r)
             here = [r for r in res if r["kind"] == "prefill" and r["window"] == window and r["n"] == n]
             top = min(here, key=lambda r: r["ms"])
@@ -175,7 +182,7 @@ def bench_chunked(rows, windows):
     return res
 
 
-def bench_decode(rows, ceil_bw, quick, sweep):
+def bench_decode(rows, ceil_bw, quick, sweep, only_batches=None):
     res = []
     max_tokens = 8 * 1024 * 1024
     pool_blocks = max_tokens // BS + 4096
@@ -183,8 +190,11 @@ def bench_decode(rows, ceil_bw, quick, sweep):
     k_pool = torch.randn(pool_blocks, BS, HKV, D, device="cuda", dtype=torch.bfloat16, generator=g)
     v_pool = torch.randn(pool_blocks, BS, HKV, D, device="cuda", dtype=torch.bfloat16, generator=g)
     sinks = torch.randn(HQ, device="cuda", generator=g) * 2
-    grid = [(b, L, 0) for b in (1, 8, 64, 256) for L in (1024, 8192, 32768, 131072) if b * L <= max_tokens]
+    batches = (1, 8, 16, 64, 256) if sweep else (1, 8, 64, 256)
+    grid = [(b, L, 0) for b in batches for L in (1024, 8192, 32768, 131072) if b * L <= max_tokens]
     grid += [(b, L, WINDOW) for b in (1, 8, 64, 256) for L in (8192, 32768)]
+    if only_batches:
+        grid = [p for p in grid if p[0] in only_batches]
     for B, L, window in grid:
         nb = triton.cdiv(L, BS)
         kv_bytes = B * min(L, window or L) * HKV * D * 2 * 2
@@ -198,8 +208,8 @@ def bench_decode(rows, ceil_bw, quick, sweep):
         out = torch.empty_like(q)
         heur = choose_num_splits(B, HKV, L, window, num_sms=torch.cuda.get_device_properties(0).multi_processor_count)
         splits = {heur}
-        if B <= 8 and (sweep or (not quick and not window)):
-            wide = (1, 2, 4, 8, 16, 32, 64) if sweep else (16, 32, 64)
+        if B <= 16 and (sweep or (not quick and not window)):
+            wide = (1, 2, 4, 8, 16, 32, 64, 128) if sweep else (16, 32, 64)
             splits |= {s for s in wide if s <= triton.cdiv(min(L, window or L), 64)}
         table = WINDOW_DECODE_CFGS if window else DECODE_CFGS
         first = next(iter(table))
@@ -254,7 +264,8 @@ def main() -> int:
     ap.add_argument("--quick", action="store_true", help="one config per kernel, no 128k")
     ap.add_argument("--skip", default="", help="comma list of sections to skip: prefill,sdpa,chunked,decode,store")
     ap.add_argument("--windows", default="0,128", help="prefill/chunked rows to run: 0 (full causal), 128")
-    ap.add_argument("--decode-sweep", action="store_true", help="split counts 1..64 at B <= 8")
+    ap.add_argument("--decode-sweep", action="store_true", help="split counts 1..128 at B <= 16")
+    ap.add_argument("--decode-batches", default="", help="comma list: only these decode batch sizes")
     a = ap.parse_args()
     skip = set(filter(None, a.skip.split(",")))
     torch.backends.cuda.matmul.allow_tf32 = False
@@ -267,7 +278,8 @@ def main() -> int:
     windows = {int(w) for w in a.windows.split(",") if w}
     sections = [("prefill", lambda: bench_prefill(sizes, rows, bw, a.quick, windows)),
                 ("sdpa", lambda: bench_sdpa(sizes, rows)), ("chunked", lambda: bench_chunked(rows, windows)),
-                ("decode", lambda: bench_decode(rows, bw, a.quick, a.decode_sweep)),
+                ("decode", lambda: bench_decode(rows, bw, a.quick, a.decode_sweep,
+                                                {int(b) for b in a.decode_batches.split(",") if b})),
                 ("store", lambda: bench_store(rows, bw))]
     for name, fn in sections:
         if name in skip:

@@ -41,12 +41,12 @@ def test_prefill_ragged(window, sinks):
     _check(make_case(q_lens, [0] * len(q_lens), window=window, sinks=sinks, seed=window + len(sinks)))
 
 
-PREFILL_VARIANTS = {
-    "plain": dict(PACK=False, TMA=False),
-    "pack": dict(PACK=True, TMA=False),  # ptxas crashes on this tile: exercises the fallback
-    "tma": dict(PACK=False, TMA=True),
-    "pack_tma_n128": dict(BLOCK_M=128, BLOCK_N=128, num_warps=8, PACK=True, TMA=True),
-    "pack_m64_n32": dict(BLOCK_M=64, BLOCK_N=32, PACK=True, TMA=True),
+PREFILL_VARIANTS = {  # the flash kernel's tiles (KERNEL=flash: also for sliding-window layers)
+    "plain": dict(KERNEL="flash", PACK=False, TMA=False),
+    "pack": dict(KERNEL="flash", PACK=True, TMA=False),  # ptxas crashes on this tile: exercises the fallback
+    "tma": dict(KERNEL="flash", PACK=False, TMA=True),
+    "pack_tma_n128": dict(KERNEL="flash", BLOCK_M=128, BLOCK_N=128, num_warps=8, PACK=True, TMA=True),
+    "pack_m64_n32": dict(KERNEL="flash", BLOCK_M=64, BLOCK_N=32, PACK=True, TMA=True),
 }
 
 
@@ -62,9 +62,10 @@ def test_prefill_variants(variant, window):
 # sliding-window prefill kernels: the flash kernel and the loop-free window kernel's tile shapes
 WINDOW_KERNELS = {
     "flash": dict(KERNEL="flash"),
-    "window_r128w8": dict(KERNEL="window", ROWS=128, num_warps=8),
-    "window_r64w4": dict(KERNEL="window", ROWS=64, num_warps=4),
-    "window_r128w8_tiles4": dict(KERNEL="window", ROWS=128, TILES=4, num_warps=8, num_stages=2),
+    "window_r64w4_tma": dict(KERNEL="window", ROWS=64, num_warps=4, TMA=True),
+    "window_r64w4": dict(KERNEL="window", ROWS=64, num_warps=4, TMA=False),
+    "window_r128w8_tma": dict(KERNEL="window", ROWS=128, num_warps=8, TMA=True),
+    "window_r64w4_tma_tiles4": dict(KERNEL="window", ROWS=64, num_warps=4, num_stages=3, TMA=True, TILES=4),
 }
 
 
@@ -73,7 +74,7 @@ def test_window_prefill_edges(variant):
     """Window 128: lengths at tile (8/16 tokens) and window borders, shorter than the window, and
     tiles that do not divide the length; then chunks after cached prefixes inside the window."""
     cfg = WINDOW_KERNELS[variant]
-    q_lens = [1, 7, 15, 16, 17, 127, 128, 129, 143, 144, 145, 300]
+    q_lens = [1, 7, 15, 16, 17, 127, 128, 129, 143, 144, 145, 300, 1000]
     _check(make_case(q_lens, [0] * len(q_lens), window=128, sinks="mixed", seed=41), config=cfg)
     cached = [1, 15, 16, 100, 127, 128, 129, 255, 1000, 5]
     q_lens = [40, 16, 17, 1, 128, 129, 3, 300, 200, 2]

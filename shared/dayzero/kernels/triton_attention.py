@@ -19,7 +19,7 @@ import warnings
 import torch
 import triton
 import triton.language as tl
-from triton.runtime.errors import PTXASError
+from triton.runtime.errors import OutOfResources, PTXASError
 
 from .registry import register
 from .triton_attention_decode import choose_num_splits, decode_attention
@@ -105,11 +105,13 @@ def attention(
     if kernel == "window":
         if window_supported(window, q.shape[1] // k.shape[1]):
             try:
-                return window_attention(q, k, v, k_cache, v_cache, block_tables, cu_seqlens_q, cached_lens,
-                                        sinks, scale, window, max_seqlen_q, out, config)
-            except PTXASError:
-                # ptxas (CUDA 13.0) has crashed on some tile shapes; the flash kernel computes the same
-                warnings.warn("attention: ptxas failed on the window kernel; using the flash kernel",
+                window_attention(q, k, v, k_cache, v_cache, block_tables, cu_seqlens_q, cached_lens,
+                                 sinks, scale, window, max_seqlen_q, out, config)
+                return out
+            except (PTXASError, OutOfResources):
+                # ptxas (CUDA 13.0) has crashed on some tile shapes, and a wide window at a large head
+                # dim may not fit; the flash kernel computes the same function
+                warnings.warn("attention: the window kernel did not build; using the flash kernel",
                               RuntimeWarning, stacklevel=2)
         config = {}  # full attention, a wide window or an odd GQA group: the flash kernel's defaults
     return prefill_attention(q, k, v, k_cache, v_cache, block_tables, cu_seqlens_q, cached_lens, sinks,

@@ -137,14 +137,15 @@ def _combine_kernel(q_ptr, k_ptr, v_ptr, cu_ptr, sink_ptr, o_ptr, mp_ptr, lp_ptr
 
 def choose_num_splits(batch: int, num_kv_heads: int, max_kv_len: int, window: int = 0,
                       num_sms: int = 132) -> int:
-    """Splits per sequence: one once the batch alone fills the SMs, else a power of two near 8
+    """Splits per sequence: one once the batch alone fills the SMs, else a power of two near 4
     programs per SM (odd counts leave a ragged last wave: 17 splits ran 14 % slower than 16 at
-    B=8/128k), at most 64 and at least 64 keys per split (measured on H200, bench/NOTES.md)."""
+    B=8/128k; at B=8, 8 splits beat 16 at 1k-128k, and B=1 is best at 64), at most 64 and at least
+    64 keys per split (measured on H200, bench/NOTES.md)."""
     kv = min(max_kv_len, window) if window > 0 else max_kv_len
     progs = batch * num_kv_heads
     if progs >= num_sms:
         return 1
-    want = max(1, (8 * num_sms) // progs)
+    want = max(1, (4 * num_sms) // progs)
     want = 1 << (want.bit_length() - 1)  # round down to a power of two
     return int(max(1, min(64, want, triton.cdiv(max(kv, 1), 64))))
 

@@ -7,12 +7,16 @@ KV head (rows = TOK * GROUP, GQA packing). Every key the tile may see lies in
     masked by ``query - key < window``; and
   * block B: the ``TOK`` keys of the tile itself (padded to ``TOK_N`` >= 16), masked causally,
 computes both score blocks, takes the row max over both and the sink, exponentiates once, does two
-PV products and writes the output. No online rescale, no key loop, no pipeline fill: the latency
-is hidden by many small programs per SM. ``TILES`` > 1 makes a program walk that many consecutive
-tiles of one KV head (a persistent-ish variant whose loop Triton may pipeline).
-Keys of block A before the sequence's ``cached_len`` are gathered from the paged cache through the
-block table (chunked prefill); positions below the window or before the sequence start are never
-loaded (the engine may point those table entries anywhere). Tiles never straddle sequences.
+PV products and writes the output. No online rescale, no key loop; latency is hidden by several
+small programs per SM (~128 registers, 44 KB of shared memory at 64 rows, head dim 64).
+Launches (no host sync; ``max_seqlen_q`` sizes the grids):
+  * with TMA (default): interior tiles (``t0 >= WIN_N``: block A lies in the sequence's new keys)
+    load block A through the tensor copy engine, ``TILES`` consecutive tiles per program (> 1: a
+    loop Triton pipelines); a second launch serves the first ``WIN_N`` tokens of each sequence,
+    gathering block A's keys before ``cached_len`` from the paged cache (chunked prefill);
+  * without TMA: one launch, every tile as the second kind.
+Positions below the window or before the sequence start are never loaded (the engine may point
+those table entries anywhere). Tiles never straddle sequences.
 """
 
 from __future__ import annotations
@@ -21,74 +25,32 @@ import torch
 import triton
 import triton.language as tl
 
-from .triton_attention_prefill import LOG2E
+from .triton_attention_prefill import LOG2E, _tma_ok
 
 MAX_WINDOW = 256  # block A of WIN_N keys stays in registers up to this size
 
 
 @triton.jit
-def _window_tile(q_ptr, k_new, v_new, kc_head, vc_head, bt_row, sink_ptr, o_ptr,
-                 q_start, q_len, ctx, t0, hkv,
-                 stride_qt, stride_qh, stride_kt, stride_vt,
-                 stride_kcb, stride_kct, stride_vcb, stride_vct, stride_ot, stride_oh,
-                 qk_scale, window,
-                 GROUP: tl.constexpr, TOK: tl.constexpr, TOK_N: tl.constexpr, WIN_N: tl.constexpr,
-                 BS: tl.constexpr, HEAD_D: tl.constexpr):
-    R: tl.constexpr = TOK * GROUP
-    offs_r = tl.arange(0, R)
+def _softmax_pv_store(q, ka, va, kb, vb, pos_a, ok_a, pos_b, ok_b, q_pos, head, rows, row_ok,
+                      sink_ptr, o_ptr, stride_ot, stride_oh, qk_scale, window,
+                      HEAD_D: tl.constexpr, ALL_A: tl.constexpr):
+    """Both score blocks, one softmax over them and the sink, two PV products, store.
+    ``ALL_A``: every block-A key exists (interior tile), only the window mask applies."""
     offs_d = tl.arange(0, HEAD_D)
-    tok = t0 + offs_r // GROUP                                    # [R] new-token index of each row
-    head = hkv * GROUP + offs_r % GROUP                           # [R] query head of each row
-    row_ok = tok < q_len
-    rows = (q_start + tok).to(tl.int64)
-    q = tl.load(q_ptr + rows[:, None] * stride_qt + head[:, None] * stride_qh + offs_d[None, :],
-                mask=row_ok[:, None], other=0.0)                  # [R, D]
-    p0 = ctx + t0
-    q_pos = p0 + offs_r // GROUP                                  # [R] absolute query position
-
-    # ---- block A: positions [p0 - WIN_N, p0); visible to some row only from lo on ----
-    offs_a = tl.arange(0, WIN_N)
-    pos_a = p0 - WIN_N + offs_a                                   # [WN]
-    lo = tl.maximum(p0 - window + 1, 0)
-    ok_a = pos_a >= lo
-    idx_a = (pos_a - ctx).to(tl.int64)                            # new-key index (< 0: in the cache)
-    if lo < ctx:
-        # part of the window is in the paged cache: gather those keys through the block table
-        in_c = ok_a & (pos_a < ctx)
-        in_n = ok_a & (pos_a >= ctx)
-        blk = tl.load(bt_row + pos_a // BS, mask=in_c, other=0).to(tl.int64)
-        slot = (pos_a % BS).to(tl.int64)
-        kc = tl.load(kc_head + (blk * stride_kcb + slot * stride_kct)[:, None] + offs_d[None, :],
-                     mask=in_c[:, None], other=0.0)
-        vc = tl.load(vc_head + (blk * stride_vcb + slot * stride_vct)[:, None] + offs_d[None, :],
-                     mask=in_c[:, None], other=0.0)
-        kn = tl.load(k_new + idx_a[:, None] * stride_kt + offs_d[None, :], mask=in_n[:, None], other=0.0)
-        vn = tl.load(v_new + idx_a[:, None] * stride_vt + offs_d[None, :], mask=in_n[:, None], other=0.0)
-        ka = tl.where(in_c[:, None], kc, kn)                      # [WN, D]
-        va = tl.where(in_c[:, None], vc, vn)
+    sa = tl.dot(q, tl.trans(ka))                                  # [R, WN] raw scores
+    if ALL_A:
+        vis_a = (q_pos[:, None] - pos_a[None, :]) < window
     else:
-        ka = tl.load(k_new + idx_a[:, None] * stride_kt + offs_d[None, :], mask=ok_a[:, None], other=0.0)
-        va = tl.load(v_new + idx_a[:, None] * stride_vt + offs_d[None, :], mask=ok_a[:, None], other=0.0)
-
-    # ---- block B: the tile's own keys, new-key indices [t0, t0 + TOK) ----
-    offs_b = tl.arange(0, TOK_N)
-    idx_b = t0 + offs_b
-    ok_b = (offs_b < TOK) & (idx_b < q_len)
-    idx_b64 = idx_b.to(tl.int64)
-    kb = tl.load(k_new + idx_b64[:, None] * stride_kt + offs_d[None, :], mask=ok_b[:, None], other=0.0)
-    vb = tl.load(v_new + idx_b64[:, None] * stride_vt + offs_d[None, :], mask=ok_b[:, None], other=0.0)
-    pos_b = p0 + offs_b
-
-    sa = tl.dot(q, tl.trans(ka)) * qk_scale                       # [R, WN] (base-2 logits)
-    vis_a = ok_a[None, :] & ((q_pos[:, None] - pos_a[None, :]) < window)
+        vis_a = ok_a[None, :] & ((q_pos[:, None] - pos_a[None, :]) < window)
     sa = tl.where(vis_a, sa, float("-inf"))
-    sb = tl.dot(q, tl.trans(kb)) * qk_scale                       # [R, TN]
+    sb = tl.dot(q, tl.trans(kb))                                  # [R, TN]
     vis_b = ok_b[None, :] & (pos_b[None, :] <= q_pos[:, None]) & ((q_pos[:, None] - pos_b[None, :]) < window)
     sb = tl.where(vis_b, sb, float("-inf"))
     sink = tl.load(sink_ptr + head).to(tl.float32) * 1.4426950408889634            # [R]
-    m = tl.maximum(tl.maximum(tl.max(sa, 1), tl.max(sb, 1)), sink)                  # finite: sink is
-    pa = tl.math.exp2(sa - m[:, None])
-    pb = tl.math.exp2(sb - m[:, None])
+    # qk_scale > 0: the max of raw scores, scaled once per row; one FMA per score below
+    m = tl.maximum(tl.maximum(tl.max(sa, 1), tl.max(sb, 1)) * qk_scale, sink)      # finite: sink is
+    pa = tl.math.exp2(sa * qk_scale - m[:, None])                 # base-2 logits
+    pb = tl.math.exp2(sb * qk_scale - m[:, None])
     l_i = tl.sum(pa, 1) + tl.sum(pb, 1) + tl.math.exp2(sink - m)
     acc = tl.dot(pa.to(va.dtype), va)                             # [R, D]
     acc = tl.dot(pb.to(vb.dtype), vb, acc)
@@ -98,19 +60,93 @@ def _window_tile(q_ptr, k_new, v_new, kc_head, vc_head, bt_row, sink_ptr, o_ptr,
 
 
 @triton.jit
-def _window_kernel(q_ptr, k_ptr, v_ptr, kc_ptr, vc_ptr, bt_ptr, cu_ptr, cl_ptr, sink_ptr, o_ptr,
+def _gather_block_a(k_new, v_new, kc_head, vc_head, bt_row, pos_a, ok_a, lo, ctx,
+                    stride_kt, stride_vt, stride_kcb, stride_kct, stride_vcb, stride_vct,
+                    BS: tl.constexpr, HEAD_D: tl.constexpr):
+    """Block A through row pointers: new keys, or cache slots where the window reaches the cache."""
+    offs_d = tl.arange(0, HEAD_D)
+    # two row-masked loads, summed (a masked-off row reads 0): the new keys, and the cache slots
+    # where the window reaches into the paged prefix. Row masks keep the loads 16-byte vectors.
+    in_c = ok_a & (pos_a < ctx)
+    in_n = ok_a & (pos_a >= ctx)
+    idx_a = (pos_a - ctx).to(tl.int64)                            # new-key index
+    blk = tl.load(bt_row + pos_a // BS, mask=in_c, other=0).to(tl.int64)
+    slot = (pos_a % BS).to(tl.int64)
+    c_k = blk * stride_kcb + slot * stride_kct                    # [WN] cache offsets
+    c_v = blk * stride_vcb + slot * stride_vct
+    ka = tl.load(k_new + idx_a[:, None] * stride_kt + offs_d[None, :], mask=in_n[:, None], other=0.0)
+    ka += tl.load(kc_head + c_k[:, None] + offs_d[None, :], mask=in_c[:, None], other=0.0)
+    va = tl.load(v_new + idx_a[:, None] * stride_vt + offs_d[None, :], mask=in_n[:, None], other=0.0)
+    va += tl.load(vc_head + c_v[:, None] + offs_d[None, :], mask=in_c[:, None], other=0.0)
+    return ka, va
+
+
+@triton.jit
+def _window_tile(q_ptr, k_new, v_new, k_desc, v_desc, kc_head, vc_head, bt_row, sink_ptr, o_ptr,
+                 q_start, q_len, ctx, t0, hkv,
+                 stride_qt, stride_qh, stride_kt, stride_vt,
+                 stride_kcb, stride_kct, stride_vcb, stride_vct, stride_ot, stride_oh,
+                 qk_scale, window,
+                 GROUP: tl.constexpr, TOK: tl.constexpr, TOK_N: tl.constexpr, WIN_N: tl.constexpr,
+                 BS: tl.constexpr, HEAD_D: tl.constexpr, PART: tl.constexpr):
+    # Q and block B rows past the sequence's end are clamped onto its last token (a real, finite
+    # row) and dropped by the masks, so those loads need no mask; block A rows outside the window
+    # are never read (row-masked loads give 0), so stale cache blocks cannot leak NaN/Inf.
+    R: tl.constexpr = TOK * GROUP
+    offs_r = tl.arange(0, R)
+    offs_d = tl.arange(0, HEAD_D)
+    p0 = ctx + t0
+    offs_a = tl.arange(0, WIN_N)
+    pos_a = p0 - WIN_N + offs_a                                   # [WN] block A: [p0 - WIN_N, p0)
+    lo = tl.maximum(p0 - window + 1, 0)                           # first position any row sees
+    ok_a = pos_a >= lo
+    # block A first (the largest load; with TMA it is issued before the others)
+    if PART == 1:
+        # interior tile (t0 >= WIN_N): block A lies in this sequence's new keys; the tensor copy
+        # engine puts it straight into shared memory (no register staging)
+        ka = k_desc.load([(q_start + t0 - WIN_N).to(tl.int32), hkv * HEAD_D])         # [WN, D]
+        va = v_desc.load([(q_start + t0 - WIN_N).to(tl.int32), hkv * HEAD_D])
+    else:
+        ka, va = _gather_block_a(k_new, v_new, kc_head, vc_head, bt_row, pos_a, ok_a, lo, ctx,
+                                 stride_kt, stride_vt, stride_kcb, stride_kct, stride_vcb, stride_vct, BS, HEAD_D)
+    tok = t0 + offs_r // GROUP                                    # [R] new-token index of each row
+    head = hkv * GROUP + offs_r % GROUP                           # [R] query head of each row
+    row_ok = tok < q_len
+    rows = (q_start + tok).to(tl.int64)
+    rows_in = (q_start + tl.minimum(tok, q_len - 1)).to(tl.int64)
+    q = tl.load(q_ptr + rows_in[:, None] * stride_qt + head[:, None] * stride_qh + offs_d[None, :])  # [R, D]
+    q_pos = p0 + offs_r // GROUP                                  # [R] absolute query position
+    offs_b = tl.arange(0, TOK_N)
+    idx_b = t0 + offs_b                                           # block B: the tile's own keys
+    pos_b = p0 + offs_b
+    ok_b = (offs_b < TOK) & (idx_b < q_len)
+    idx_b64 = tl.minimum(idx_b, q_len - 1).to(tl.int64)
+    kb = tl.load(k_new + idx_b64[:, None] * stride_kt + offs_d[None, :])
+    vb = tl.load(v_new + idx_b64[:, None] * stride_vt + offs_d[None, :])
+    _softmax_pv_store(q, ka, va, kb, vb, pos_a, ok_a, pos_b, ok_b, q_pos, head, rows, row_ok,
+                      sink_ptr, o_ptr, stride_ot, stride_oh, qk_scale, window, HEAD_D, PART == 1)
+
+
+@triton.jit
+def _window_kernel(q_ptr, k_ptr, v_ptr, k_desc, v_desc, kc_ptr, vc_ptr, bt_ptr, cu_ptr, cl_ptr, sink_ptr, o_ptr,
                    stride_qt, stride_qh, stride_kt, stride_kh, stride_vt, stride_vh,
                    stride_kcb, stride_kct, stride_kch, stride_vcb, stride_vct, stride_vch,
                    stride_bt, stride_ot, stride_oh, qk_scale, window,
                    GROUP: tl.constexpr, TOK: tl.constexpr, TOK_N: tl.constexpr, WIN_N: tl.constexpr,
-                   TILES: tl.constexpr, BS: tl.constexpr, HEAD_D: tl.constexpr):
+                   BS: tl.constexpr, HEAD_D: tl.constexpr, PART: tl.constexpr, TILES: tl.constexpr):
+    # PART 0: every tile, block A through row pointers; 1: tiles from WIN_N on, block A by TMA;
+    # 2: the tiles before WIN_N (row pointers). 1 and 2 are separate launches so that each gets
+    # its own register budget (row-pointer loads of block A are staged through ~2x the registers).
     pid = tl.program_id(0)
     hkv = tl.program_id(1)
     b = tl.program_id(2)
     q_start = tl.load(cu_ptr + b).to(tl.int64)
     q_len = tl.load(cu_ptr + b + 1) - q_start.to(tl.int32)
-    t_first = pid * (TILES * TOK)
-    if t_first >= q_len:
+    if PART == 1:
+        t0 = WIN_N + pid * (TILES * TOK)
+    else:
+        t0 = pid * TOK
+    if t0 >= q_len:
         return
     ctx = tl.load(cl_ptr + b)
     k_new = k_ptr + q_start * stride_kt + hkv * stride_kh         # row n = new key n of this sequence
@@ -119,22 +155,24 @@ def _window_kernel(q_ptr, k_ptr, v_ptr, kc_ptr, vc_ptr, bt_ptr, cu_ptr, cl_ptr, 
     vc_head = vc_ptr + hkv * stride_vch
     bt_row = bt_ptr + b.to(tl.int64) * stride_bt
     if TILES == 1:
-        _window_tile(q_ptr, k_new, v_new, kc_head, vc_head, bt_row, sink_ptr, o_ptr,
-                     q_start, q_len, ctx, t_first, hkv, stride_qt, stride_qh, stride_kt, stride_vt,
+        _window_tile(q_ptr, k_new, v_new, k_desc, v_desc, kc_head, vc_head, bt_row, sink_ptr, o_ptr,
+                     q_start, q_len, ctx, t0, hkv, stride_qt, stride_qh, stride_kt, stride_vt,
                      stride_kcb, stride_kct, stride_vcb, stride_vct, stride_ot, stride_oh, qk_scale, window,
-                     GROUP, TOK, TOK_N, WIN_N, BS, HEAD_D)
+                     GROUP, TOK, TOK_N, WIN_N, BS, HEAD_D, PART)
     else:
-        n_tiles = tl.minimum(TILES, tl.cdiv(q_len - t_first, TOK))
-        for i in range(0, n_tiles):
-            _window_tile(q_ptr, k_new, v_new, kc_head, vc_head, bt_row, sink_ptr, o_ptr,
-                         q_start, q_len, ctx, t_first + i * TOK, hkv, stride_qt, stride_qh, stride_kt,
-                         stride_vt, stride_kcb, stride_kct, stride_vcb, stride_vct, stride_ot, stride_oh,
-                         qk_scale, window, GROUP, TOK, TOK_N, WIN_N, BS, HEAD_D)
+        # PART 1 only: TILES consecutive interior tiles; Triton's pipeliner prefetches the next
+        # tile's Q/K/V (num_stages) while this one computes
+        n = tl.minimum(TILES, tl.cdiv(q_len - t0, TOK))
+        for i in range(0, n):
+            _window_tile(q_ptr, k_new, v_new, k_desc, v_desc, kc_head, vc_head, bt_row, sink_ptr, o_ptr,
+                         q_start, q_len, ctx, t0 + i * TOK, hkv, stride_qt, stride_qh, stride_kt, stride_vt,
+                         stride_kcb, stride_kct, stride_vcb, stride_vct, stride_ot, stride_oh, qk_scale,
+                         window, GROUP, TOK, TOK_N, WIN_N, BS, HEAD_D, PART)
 
 
 def default_window_config(head_dim: int, group: int) -> dict:
     """Rows per tile and launch parameters of the window kernel (see bench/NOTES.md)."""
-    return dict(ROWS=128, TILES=1, num_warps=8, num_stages=1)
+    return dict(ROWS=64, num_warps=4, num_stages=1, TMA=True, TILES=1)
 
 
 def window_supported(window: int, group: int) -> bool:
@@ -144,8 +182,9 @@ def window_supported(window: int, group: int) -> bool:
 
 def window_attention(q, k, v, k_cache, v_cache, block_tables, cu_seqlens_q, cached_lens, sinks,
                      scale: float, window: int, max_seqlen_q: int, out: torch.Tensor,
-                     config: dict | None = None) -> torch.Tensor:
-    """Launch the loop-free window kernel; ``max_seqlen_q`` sizes the grid (no device sync here)."""
+                     config: dict | None = None) -> list:
+    """Launch the loop-free window kernel; ``max_seqlen_q`` sizes the grid (no device sync here).
+    Returns triton's compiled kernels of the launches (the benchmark reads their registers)."""
     T, Hq, D = q.shape
     Hkv = k.shape[1]
     B = cached_lens.shape[0]
@@ -156,19 +195,34 @@ def window_attention(q, k, v, k_cache, v_cache, block_tables, cu_seqlens_q, cach
     cfg = dict(default_window_config(D, group))
     cfg.update(config or {})
     cfg.pop("KERNEL", None)
-    rows, tiles = cfg.pop("ROWS"), cfg.pop("TILES")
+    rows, tma, tiles = cfg.pop("ROWS"), cfg.pop("TMA"), cfg.pop("TILES")
+    if T == 0 or max_seqlen_q == 0:
+        return []
     tok = max(1, rows // group)
     if tok * group < 16:
         tok = 16 // group
-    if T == 0 or max_seqlen_q == 0:
-        return out
-    grid = (triton.cdiv(max_seqlen_q, tok * tiles), Hkv, B)
-    _window_kernel[grid](
-        q, k, v, k_cache, v_cache, block_tables, cu_seqlens_q, cached_lens, sinks, out,
-        q.stride(0), q.stride(1), k.stride(0), k.stride(1), v.stride(0), v.stride(1),
-        k_cache.stride(0), k_cache.stride(1), k_cache.stride(2),
-        v_cache.stride(0), v_cache.stride(1), v_cache.stride(2),
-        block_tables.stride(0), out.stride(0), out.stride(1), scale * LOG2E, window,
-        GROUP=group, TOK=tok, TOK_N=max(16, triton.next_power_of_2(tok)),
-        WIN_N=max(16, triton.next_power_of_2(window)), TILES=tiles, BS=k_cache.shape[1], HEAD_D=D, **cfg)
-    return out
+    win_n = max(16, triton.next_power_of_2(window))
+    k_desc, v_desc = k, v
+    tma = bool(tma and _tma_ok(k) and _tma_ok(v))
+    if tma:
+        from triton.tools.tensor_descriptor import TensorDescriptor
+
+        k_desc = TensorDescriptor(k, [T, Hkv * D], [k.stride(0), 1], [win_n, D])
+        v_desc = TensorDescriptor(v, [T, Hkv * D], [v.stride(0), 1], [win_n, D])
+        parts = [(1, triton.cdiv(triton.cdiv(max(max_seqlen_q - win_n, 0), tok), tiles), tiles),
+                 (2, triton.cdiv(min(max_seqlen_q, win_n), tok), 1)]
+    else:
+        parts = [(0, triton.cdiv(max_seqlen_q, tok), 1)]
+    launched = []
+    for part, n_tiles, tiles in parts:
+        if n_tiles == 0:
+            continue
+        launched.append(_window_kernel[(n_tiles, Hkv, B)](
+            q, k, v, k_desc, v_desc, k_cache, v_cache, block_tables, cu_seqlens_q, cached_lens, sinks, out,
+            q.stride(0), q.stride(1), k.stride(0), k.stride(1), v.stride(0), v.stride(1),
+            k_cache.stride(0), k_cache.stride(1), k_cache.stride(2),
+            v_cache.stride(0), v_cache.stride(1), v_cache.stride(2),
+            block_tables.stride(0), out.stride(0), out.stride(1), scale * LOG2E, window,
+            GROUP=group, TOK=tok, TOK_N=max(16, triton.next_power_of_2(tok)), WIN_N=win_n,
+            BS=k_cache.shape[1], HEAD_D=D, PART=part, TILES=tiles, **cfg))
+    return launched
