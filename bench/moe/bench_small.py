@@ -82,17 +82,16 @@ def graph_us(calls: list, reps: int = 20) -> float:
 
 
 def variants(T: int, full: bool) -> dict:
-    """Default tiles and the fused/unfused combine; with ``full`` (20B at T = 1 and 64) a few tile
-    alternatives (each is a compile, so few)."""
+    """Default tiles and the other combine; with ``full`` (20B) a few tile alternatives at chosen T
+    (each is a compile, so few)."""
     base = default_tiles(T)
-    v = {"small2": base, "small2_unfused": dataclasses.replace(base, fused_combine=False)}
-    if full and T in (1, 64):
+    v = {"small2": base, "small2_" + ("unfused" if base.fused_combine else "fused"):
+         dataclasses.replace(base, fused_combine=not base.fused_combine)}
+    if full and T >= 16:
         v["small2_bn64"] = dataclasses.replace(base, bn_gate_up=64, bn_down=64)
+    if full and T == 1:
         v["small2_warps2"] = dataclasses.replace(base, warps=2)
-        if T == 1:
-            v["small2_bn_down16"] = dataclasses.replace(base, bn_down=16)
-        else:
-            v["small2_bm16"] = dataclasses.replace(base, bm=16)
+        v["small2_bn_down16"] = dataclasses.replace(base, bn_down=16)
     return v
 
 
@@ -138,8 +137,8 @@ def main() -> int:
     res.add(section="ceiling", name="copy_1GiB", ms=ms, tbs=2 * a.numel() / ms / 1e9)
     del a, b
     Ts = (1, 4, 16, 64) if args.quick else (1, 2, 4, 8, 16, 32, 64)
-    res.section("sweep_E32", sweep, 32, Ts, not args.quick, args.out)
-    res.section("sweep_E128", sweep, 128, Ts, False, args.out)
+    res.section("sweep_E32", sweep, 32, Ts, True, args.out)
+    res.section("sweep_E128", sweep, 128, (1, 16, 64) if args.quick else Ts, False, args.out)
     print("wrote", res.write(args.out), "errors:", len(res.errors))
     return 0
 

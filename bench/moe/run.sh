@@ -36,6 +36,6 @@ step prefill120 90 python3 -m dayzero bench prefill --model 120b --tokens 8192 -
 step e2e 260 python3 bench/moe/e2e_hf.py --out "$OUT" --model 20b --tokens 2048 --budget-s 240
 step decode120 90 python3 -m dayzero bench decode --model 120b --batch 1,64 --context 1024 --steps 16 --breakdown \
   --json "$OUT/bench-decode-120b.json"
-step small 160 sh -c 'timeout 80 python3 -m pytest -q -p no:cacheprovider --noconftest -o addopts="" tests/kernels/test_moe_small_gpu.py; r=$?; timeout 75 python3 bench/moe/bench_small.py --out "$1" || r=1; exit $r' _ "$OUT"  # decode MoE (not in the default list: MOE_STEPS=small)
+step small 160 sh -c 'timeout 80 python3 -m pytest -q -p no:cacheprovider --noconftest -o addopts="" tests/kernels/test_moe_small_gpu.py; r=$?; timeout 75 python3 bench/moe/bench_small.py --out "$1" ${MOE_SMALL_ARGS:-} || r=1; exit $r' _ "$OUT"  # decode MoE (not in the default list: MOE_STEPS=small)
 echo "moe: rc=$rc" | tee -a "$log"
 exit $rc

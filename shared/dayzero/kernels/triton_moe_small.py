@@ -31,24 +31,26 @@ import triton.language as tl
 from .types import ExpertWeights
 
 SWIGLU_ALPHA = 1.702
-DECODE_MAX_PAIRS = 0  # T * k up to which the registered triton op takes this path: off until a GPU run validates it
+DECODE_MAX_PAIRS = 0  # T * k up to which the registered triton op takes this path: off until a GPU run shows it faster
 BK = 128                # one weight scale block per K step
 
 
 @dataclass(frozen=True)
 class SmallTiles:
-    """Launch configuration: M rows per dot, N columns per program (each divides 128), warps, stages."""
+    """Launch configuration: M rows per dot, N columns per program (each divides 128), warps, stages,
+    and whether down does the combine itself (two launches) or a third launch does (run 1: the
+    separate combine was 3-5 % faster than the arrival counters at every T)."""
 
     bm: int = 16
     bn_gate_up: int = 32
     bn_down: int = 32
     warps: int = 4
     stages: int = 4
-    fused_combine: bool = True
+    fused_combine: bool = False
 
 
 def default_tiles(T: int) -> SmallTiles:
-    return SmallTiles(bm=16 if T <= 16 else 32)
+    return SmallTiles()  # run 1: bm 16 beat bm 32 at T = 64 (428 vs 800 us); N tiles re-measured in run 2
 
 
 def interpreting() -> bool:
@@ -95,15 +97,20 @@ def _rows(tin, jsel, rank, cnt, c, TOPK: tl.constexpr, TB: tl.constexpr, BM: tl.
 
 @triton.jit
 def _stream(a_ptrs, row_ok, b_ptrs, s_ptr, n_ok, K, BM: tl.constexpr, BN: tl.constexpr,
-            BK_: tl.constexpr, DOT_F32: tl.constexpr):
+            BK_: tl.constexpr, KBP: tl.constexpr, DOT_F32: tl.constexpr):
     """acc [BM, BN] = A [BM, K] (bf16 rows) @ (fp8 tile [K, BN] * its 128x128 block scales)."""
     offs_k = tl.arange(0, BK_)
     acc = tl.zeros((BM, BN), dtype=tl.float32)
-    for kb in range(0, tl.cdiv(K, BK_)):
+    # all block scales of the tile's K row up front (registers); a scale load in the step that uses
+    # it stalls every step on an L2 round trip before the next tiles' copies are issued (run 1)
+    nkb = tl.cdiv(K, BK_)
+    kidx = tl.arange(0, KBP)
+    svec = tl.load(s_ptr + kidx, mask=kidx < nkb, other=0.0)
+    for kb in range(0, nkb):
         k_ok = offs_k < K - kb * BK_
         a = tl.load(a_ptrs, mask=row_ok[:, None] & k_ok[None, :], other=0.0)
         b = tl.load(b_ptrs, mask=k_ok[:, None] & n_ok[None, :], other=0.0)
-        sb = tl.load(s_ptr + kb)
+        sb = tl.sum(tl.where(kidx == kb, svec, 0.0), 0)
         if DOT_F32:  # the CPU interpreter mis-multiplies bf16 dots
             acc += tl.dot(a.to(tl.float32), b.to(tl.float32)) * sb
         else:
@@ -119,7 +126,8 @@ def _gate_up_kernel(x_ptr, ids_ptr, w_ptr, s_ptr, b_ptr, h_ptr, cnt_ptr,
                     stride_x, stride_we, stride_wn, stride_se, stride_sn, stride_be, stride_h,
                     limit, alpha,
                     TOPK: tl.constexpr, TB: tl.constexpr, KP: tl.constexpr, EB: tl.constexpr,
-                    BM: tl.constexpr, BN: tl.constexpr, BK_: tl.constexpr, DOT_F32: tl.constexpr):
+                    BM: tl.constexpr, BN: tl.constexpr, BK_: tl.constexpr, KBP: tl.constexpr,
+                    DOT_F32: tl.constexpr):
     pid = tl.program_id(0)
     s = pid // n_tiles
     pid_n = pid % n_tiles
@@ -143,7 +151,7 @@ def _gate_up_kernel(x_ptr, ids_ptr, w_ptr, s_ptr, b_ptr, h_ptr, cnt_ptr,
     for c in range(0, cnt, BM):
         tok, pair, row_ok = _rows(tin, jsel, rank, cnt, c, TOPK, TB, BM)
         a_ptrs = x_ptr + tok.to(tl.int64)[:, None] * stride_x + offs_k[None, :]
-        acc = _stream(a_ptrs, row_ok, b_ptrs, sc_ptr, n_ok, K, BM, BN, BK_, DOT_F32)
+        acc = _stream(a_ptrs, row_ok, b_ptrs, sc_ptr, n_ok, K, BM, BN, BK_, KBP, DOT_F32)
         v = (acc + bias[None, :]).to(tl.bfloat16).to(tl.float32)        # gate_up rounded like the reference
         gate, up = tl.split(tl.reshape(v, (BM, BN // 2, 2)))
         gate = tl.minimum(gate, limit)
@@ -158,7 +166,7 @@ def _down_kernel(h_ptr, ids_ptr, wt_ptr, w_ptr, s_ptr, b_ptr, y_ptr, out_ptr, cn
                  T, K, N, E, offset, n_tiles,
                  stride_h, stride_we, stride_wn, stride_se, stride_sn, stride_be, stride_y, stride_o,
                  TOPK: tl.constexpr, TB: tl.constexpr, KP: tl.constexpr, EB: tl.constexpr,
-                 BM: tl.constexpr, BN: tl.constexpr, BK_: tl.constexpr, FUSED: tl.constexpr,
+                 BM: tl.constexpr, BN: tl.constexpr, BK_: tl.constexpr, KBP: tl.constexpr, FUSED: tl.constexpr,
                  DOT_F32: tl.constexpr):
     pid = tl.program_id(0)
     s = pid // n_tiles
@@ -188,7 +196,7 @@ def _down_kernel(h_ptr, ids_ptr, wt_ptr, w_ptr, s_ptr, b_ptr, y_ptr, out_ptr, cn
     for c in range(0, cnt, BM):
         tok, pair, row_ok = _rows(tin, jsel, rank, cnt, c, TOPK, TB, BM)
         a_ptrs = h_ptr + pair.to(tl.int64)[:, None] * stride_h + offs_k[None, :]
-        acc = _stream(a_ptrs, row_ok, b_ptrs, sc_ptr, n_ok, K, BM, BN, BK_, DOT_F32)
+        acc = _stream(a_ptrs, row_ok, b_ptrs, sc_ptr, n_ok, K, BM, BN, BK_, KBP, DOT_F32)
         wt = tl.load(wt_ptr + pair, mask=row_ok, other=0.0).to(tl.float32)
         y = (acc + bias[None, :]) * wt[:, None]
         tile_ok = row_ok[:, None] & n_ok[None, :]
@@ -225,6 +233,10 @@ def _combine_kernel(y_ptr, ids_ptr, out_ptr, H, offset, E, stride_y, stride_o,
         if (e >= 0) & (e < E):
             acc += tl.load(y_ptr + (t * TOPK + j) * stride_y + cols, mask=ok, other=0.0)
     tl.store(out_ptr + t * stride_o + cols, acc.to(out_ptr.dtype.element_ty), mask=ok)
+
+
+def _kblocks(K: int) -> int:
+    return triton.next_power_of_2(triton.cdiv(K, BK))
 
 
 class MoeSmall:
@@ -267,7 +279,7 @@ class MoeSmall:
             self.x, self.ids, w, s, b, self.h, self.cnt,
             self.T, self.H, 2 * self.I, self.E, self.offset, self.nt1, self.cnt.numel() if t.fused_combine else 0,
             self.x.stride(0), w.stride(0), w.stride(1), s.stride(0), s.stride(1), b.stride(0), self.h.stride(0),
-            self.limit, SWIGLU_ALPHA, BN=t.bn_gate_up, num_warps=t.warps, num_stages=t.stages, **self.const)
+            self.limit, SWIGLU_ALPHA, BN=t.bn_gate_up, KBP=_kblocks(self.H), num_warps=t.warps, num_stages=t.stages, **self.const)
 
     def down(self) -> None:
         ex, t = self.ex, self.tiles
@@ -276,7 +288,7 @@ class MoeSmall:
             self.h, self.ids, self.weights, w, s, b, self.y, self.out, self.cnt,
             self.T, self.I, self.H, self.E, self.offset, self.nt2,
             self.h.stride(0), w.stride(0), w.stride(1), s.stride(0), s.stride(1), b.stride(0), self.y.stride(0),
-            self.out.stride(0), BN=t.bn_down, FUSED=t.fused_combine, num_warps=t.warps, num_stages=t.stages,
+            self.out.stride(0), BN=t.bn_down, KBP=_kblocks(self.I), FUSED=t.fused_combine, num_warps=t.warps, num_stages=t.stages,
             **self.const)
 
     def combine(self) -> None:
