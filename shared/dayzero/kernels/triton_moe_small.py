@@ -1,4 +1,4 @@
-"""Fused MoE for decode-sized batches (T * top-k <= 256 pairs): two launches, no alignment pass.
+"""Fused MoE for decode-sized batches (T * top-k <= 256 pairs): two or three launches, no alignment pass.
 
 The large-M pipeline (``triton_moe``) sorts pairs by expert in three launches, then runs two grouped
 GEMMs and a combine: six launches whose fixed costs dominate at 1-64 tokens. Here:
@@ -13,7 +13,8 @@ GEMMs and a combine: six launches whose fixed costs dominate at 1-64 tokens. Her
      fp32. With ``fused_combine`` every program then counts its rows in per (token, N tile) arrival
      counters (zeroed by gate_up); the program that completes a token's count sums that token's y
      rows in route order (fixed order: deterministic) and writes out[t] bf16. Tokens with no local
-     route are written as zeros. Without it a third launch does the same combine.
+     route are written as zeros. Without it (the default: faster in runs 1-2) a third launch does the
+     same combine.
 Activations stay bf16 (weight-only: each FP8 tile widened to bf16 in registers, block scale applied
 per 128-wide K step), so there is no activation quantization error at all; tests bound the error by
 the reference's own FP8 emulation error. Expert parallel: ``experts.derived["expert_offset"]``.
@@ -31,7 +32,9 @@ import triton.language as tl
 from .types import ExpertWeights
 
 SWIGLU_ALPHA = 1.702
-DECODE_MAX_PAIRS = 0  # T * k up to which the registered triton op takes this path: off until a GPU run shows it faster
+# T * k up to which the registered triton op takes this path: T = 1 at top-4. Runs 1-2 (CUDA graphs):
+# 3-4 % faster than the aligned path at T = 1, slower from T = 2 on (bench/NOTES.md "MoE decode")
+DECODE_MAX_PAIRS = 4
 BK = 128                # one weight scale block per K step
 
 
@@ -254,6 +257,8 @@ class MoeSmall:
                              f"down {tuple(experts.down.shape)}")
         if experts.gate_up_scale is None or experts.down_scale is None:
             raise ValueError("the small-T MoE path needs fp8 experts with gate_up_scale and down_scale")
+        if x.dtype != torch.bfloat16:
+            raise ValueError(f"the small-T MoE path takes bf16 activations, got {x.dtype}")
         self.tiles = t = tiles or default_tiles(T)
         for bn in (t.bn_gate_up, t.bn_down):
             if bn < 16 or 128 % bn:
@@ -279,7 +284,8 @@ class MoeSmall:
             self.x, self.ids, w, s, b, self.h, self.cnt,
             self.T, self.H, 2 * self.I, self.E, self.offset, self.nt1, self.cnt.numel() if t.fused_combine else 0,
             self.x.stride(0), w.stride(0), w.stride(1), s.stride(0), s.stride(1), b.stride(0), self.h.stride(0),
-            self.limit, SWIGLU_ALPHA, BN=t.bn_gate_up, KBP=_kblocks(self.H), num_warps=t.warps, num_stages=t.stages, **self.const)
+            self.limit, SWIGLU_ALPHA, BN=t.bn_gate_up, KBP=_kblocks(self.H), num_warps=t.warps, num_stages=t.stages,
+            **self.const)
 
     def down(self) -> None:
         ex, t = self.ex, self.tiles
@@ -288,8 +294,8 @@ class MoeSmall:
             self.h, self.ids, self.weights, w, s, b, self.y, self.out, self.cnt,
             self.T, self.I, self.H, self.E, self.offset, self.nt2,
             self.h.stride(0), w.stride(0), w.stride(1), s.stride(0), s.stride(1), b.stride(0), self.y.stride(0),
-            self.out.stride(0), BN=t.bn_down, KBP=_kblocks(self.I), FUSED=t.fused_combine, num_warps=t.warps, num_stages=t.stages,
-            **self.const)
+            self.out.stride(0), BN=t.bn_down, KBP=_kblocks(self.I), FUSED=t.fused_combine, num_warps=t.warps,
+            num_stages=t.stages, **self.const)
 
     def combine(self) -> None:
         if self.tiles.fused_combine:
