@@ -32,8 +32,8 @@ def _pcfg(m, n, w, s, pack, tma):
     return dict(KERNEL="flash", BLOCK_M=m, BLOCK_N=n, num_warps=w, num_stages=s, PACK=pack, TMA=tma)
 
 
-def _wcfg(rows, w, tma=True, s=1, tiles=1, maxnreg=None):
-    cfg = dict(KERNEL="window", ROWS=rows, num_warps=w, num_stages=s, TMA=tma, TILES=tiles)
+def _wcfg(rows, w, tma=True, s=1, maxnreg=None):
+    cfg = dict(KERNEL="window", ROWS=rows, num_warps=w, num_stages=s, TMA=tma)
     if maxnreg:
         cfg["maxnreg"] = maxnreg
     return cfg
@@ -52,9 +52,6 @@ WINDOW_CFGS = {
     "m64n32w4s3_pack_tma": _pcfg(64, 32, 4, 3, True, True),
     "win_r64w4": _wcfg(64, 4, tma=False),
     "win_r64w4_tma_reg96": _wcfg(64, 4, maxnreg=96),
-    "win_r64w4_reg96": _wcfg(64, 4, tma=False, maxnreg=96),
-    "win_r64w4_tma_t2s2": _wcfg(64, 4, s=2, tiles=2),
-    "win_r64w4_tma_t4s3": _wcfg(64, 4, s=3, tiles=4),
     "win_r128w8_tma": _wcfg(128, 8),
 }
 DECODE_CFGS = {
@@ -107,9 +104,9 @@ def bench_prefill(sizes, rows, ceil_bw, quick, windows):
                          tflops=causal_flops(n, window) / (ms * 1e-3) / 1e12,
                          floor_ms=qkvo_bytes(n) / ceil_bw * 1e3)
                 r["x_floor"] = ms / r["floor_ms"]
-                if cfgs[name].get("KERNEL") == "window":  # registers / spills / smem of each launch
-                    ks = window_attention(*args, max_seqlen_q=n, out=out, config=cfgs[name])
-                    r["launches"] = [dict(regs=k.n_regs, spills=k.n_spills, smem=k.metadata.shared) for k in ks]
+                if cfgs[name].get("KERNEL") == "window":  # registers / spills / smem of the launch
+                    k = window_attention(*args, max_seqlen_q=n, out=out, config=cfgs[name])
+                    r["launch"] = dict(regs=k.n_regs, spills=k.n_spills, smem=k.metadata.shared)
                 res.append(r)
             here = [r for r in res if r["kind"] == "prefill" and r["window"] == window and r["n"] == n]
             top = min(here, key=lambda r: r["ms"])
@@ -129,6 +126,49 @@ def bench_prefill(sizes, rows, ceil_bw, quick, windows):
             rows.append(f"prefill W={window or 'full':>4} N={n:>6}  best {top['config']:<22} {top['ms']:8.3f} ms "
                         f"{top['tflops']:6.1f} TFLOP/s {top['x_floor']:6.1f}x QKVO floor err {top['rel_err']:.1e}"
                         + d_txt)
+    return res
+
+
+def bench_window_probe(rows):
+    """Window kernel with and without TMA vs the flash kernel: GPU time (graph replay), host time
+    per call (enqueue only) and do_bench time, for prompts and chunks of several sizes."""
+    import time
+    res = []
+    plan = [(2048, 0), (4096, 0), (8192, 0), (32768, 0), (512, 24576), (8192, 24576)]
+    cfgs = {"window_ptr": dict(KERNEL="window", TMA=False), "window_tma": dict(KERNEL="window", TMA_MIN_TOKENS=0),
+            "flash": dict(KERNEL="flash")}
+    for n, cached in plan:
+        c = single_sequence(n, cached=cached, seed=n + 1)
+        args = (c["q"], c["k"], c["v"], c["k_cache"], c["v_cache"], c["block_tables"], c["cu_seqlens_q"],
+                c["cached_lens"], c["sinks"], SCALE, WINDOW)
+        out = torch.empty_like(c["q"])
+        line = []
+        for name, cfg in cfgs.items():
+            fn = lambda cfg=cfg: attention(*args, max_seqlen_q=n, config=cfg, out=out)  # noqa: E731
+            try:
+                gpu_ms = graph_time_ms([fn])
+                fn()
+                torch.cuda.synchronize()
+                t0 = time.perf_counter()
+                for _ in range(50):
+                    fn()
+                host_us = (time.perf_counter() - t0) / 50 * 1e6
+                torch.cuda.synchronize()
+                bench_ms = time_ms(fn)
+            except Exception as e:
+                res.append(dict(kind="error", section="window_probe", config=name, n=n, error=f"{type(e).__name__}: {e}"))
+                continue
+            r = dict(kind="window_probe", n=n, cached=cached, config=name, gpu_us=gpu_ms * 1e3, host_us=host_us,
+                     do_bench_us=bench_ms * 1e3)
+            if cached == 0:
+                ref_rows = slice(max(0, n - 256), n)
+                ref = sink_reference_rows(c["q"], c["k"], c["v"], c["sinks"], ref_rows, WINDOW, SCALE)
+                r["rel_err"] = float((out[ref_rows].float() - ref).norm() / ref.norm())
+            res.append(r)
+            line.append(f"{name} gpu {r['gpu_us']:7.1f} host {host_us:6.1f} bench {r['do_bench_us']:7.1f}")
+        rows.append(f"window probe N={n:>6} cached={cached:>5}: " + " | ".join(line))
+        del c, out
+        torch.cuda.empty_cache()
     return res
 
 
@@ -258,11 +298,18 @@ def bench_store(rows, ceil_bw):
     return [dict(kind="store_kv", tokens=T, us=ms * 1e3, tbps=b / (ms * 1e-3) / 1e12)]
 
 
+def _write(out: str, meta, bw, tf, results, rows) -> pathlib.Path:
+    doc = dict(meta=meta, ceilings=dict(copy_bytes_per_s=bw, bf16_gemm_tflops=tf), results=results, table=rows)
+    path = pathlib.Path(out) / "attention.json"
+    path.write_text(json.dumps(doc, indent=1))
+    return path
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__)
     ap.add_argument("--out", default=os.environ.get("OUT", "."))
     ap.add_argument("--quick", action="store_true", help="one config per kernel, no 128k")
-    ap.add_argument("--skip", default="", help="comma list of sections to skip: prefill,sdpa,chunked,decode,store")
+    ap.add_argument("--skip", default="", help="comma list of sections to skip: prefill,sdpa,chunked,probe,decode,store")
     ap.add_argument("--windows", default="0,128", help="prefill/chunked rows to run: 0 (full causal), 128")
     ap.add_argument("--decode-sweep", action="store_true", help="split counts 1..128 at B <= 16")
     ap.add_argument("--decode-batches", default="", help="comma list: only these decode batch sizes")
@@ -278,6 +325,7 @@ def main() -> int:
     windows = {int(w) for w in a.windows.split(",") if w}
     sections = [("prefill", lambda: bench_prefill(sizes, rows, bw, a.quick, windows)),
                 ("sdpa", lambda: bench_sdpa(sizes, rows)), ("chunked", lambda: bench_chunked(rows, windows)),
+                ("probe", lambda: bench_window_probe(rows)),
                 ("decode", lambda: bench_decode(rows, bw, a.quick, a.decode_sweep,
                                                 {int(b) for b in a.decode_batches.split(",") if b})),
                 ("store", lambda: bench_store(rows, bw))]
@@ -290,9 +338,8 @@ def main() -> int:
             rows.append(f"SECTION {name} FAILED: {type(e).__name__}: {e}")
             results.append(dict(kind="error", section=name, error=f"{type(e).__name__}: {e}"))
         print(f"[section {name} done]", flush=True)
-    doc = dict(meta=meta, ceilings=dict(copy_bytes_per_s=bw, bf16_gemm_tflops=tf), results=results, table=rows)
-    path = pathlib.Path(a.out) / "attention.json"
-    path.write_text(json.dumps(doc, indent=1))
+        _write(a.out, meta, bw, tf, results, rows)  # after every section: a cut-off run keeps what finished
+    path = _write(a.out, meta, bw, tf, results, rows)
     print("\n".join(rows))
     print(f"wrote {path}")
     return 0 if not any(r["kind"] == "error" for r in results) else 1

@@ -9,12 +9,11 @@ KV head (rows = TOK * GROUP, GQA packing). Every key the tile may see lies in
 computes both score blocks, takes the row max over both and the sink, exponentiates once, does two
 PV products and writes the output. No online rescale, no key loop; latency is hidden by several
 small programs per SM (~128 registers, 44 KB of shared memory at 64 rows, head dim 64).
-Launches (no host sync; ``max_seqlen_q`` sizes the grids):
-  * with TMA (default): interior tiles (``t0 >= WIN_N``: block A lies in the sequence's new keys)
-    load block A through the tensor copy engine, ``TILES`` consecutive tiles per program (> 1: a
-    loop Triton pipelines); a second launch serves the first ``WIN_N`` tokens of each sequence,
-    gathering block A's keys before ``cached_len`` from the paged cache (chunked prefill);
-  * without TMA: one launch, every tile as the second kind.
+One launch (no host sync; ``max_seqlen_q`` sizes the grid). With TMA (prompts of at least
+``TMA_MIN_TOKENS`` new tokens), interior tiles (``t0 >= WIN_N``: block A lies in the sequence's new
+keys) load block A through the tensor copy engine straight into shared memory; the first ``WIN_N``
+tokens of each sequence, and every tile without TMA, load it through row pointers, gathering the
+keys before ``cached_len`` from the paged cache (chunked prefill).
 Positions below the window or before the sequence start are never loaded (the engine may point
 those table entries anywhere). Tiles never straddle sequences.
 """
@@ -88,7 +87,7 @@ def _window_tile(q_ptr, k_new, v_new, k_desc, v_desc, kc_head, vc_head, bt_row, 
                  stride_kcb, stride_kct, stride_vcb, stride_vct, stride_ot, stride_oh,
                  qk_scale, window,
                  GROUP: tl.constexpr, TOK: tl.constexpr, TOK_N: tl.constexpr, WIN_N: tl.constexpr,
-                 BS: tl.constexpr, HEAD_D: tl.constexpr, PART: tl.constexpr):
+                 BS: tl.constexpr, HEAD_D: tl.constexpr, INTERIOR: tl.constexpr):
     # Q and block B rows past the sequence's end are clamped onto its last token (a real, finite
     # row) and dropped by the masks, so those loads need no mask; block A rows outside the window
     # are never read (row-masked loads give 0), so stale cache blocks cannot leak NaN/Inf.
@@ -101,7 +100,7 @@ def _window_tile(q_ptr, k_new, v_new, k_desc, v_desc, kc_head, vc_head, bt_row, 
     lo = tl.maximum(p0 - window + 1, 0)                           # first position any row sees
     ok_a = pos_a >= lo
     # block A first (the largest load; with TMA it is issued before the others)
-    if PART == 1:
+    if INTERIOR:
         # interior tile (t0 >= WIN_N): block A lies in this sequence's new keys; the tensor copy
         # engine puts it straight into shared memory (no register staging)
         ka = k_desc.load([(q_start + t0 - WIN_N).to(tl.int32), hkv * HEAD_D])         # [WN, D]
@@ -124,7 +123,7 @@ def _window_tile(q_ptr, k_new, v_new, k_desc, v_desc, kc_head, vc_head, bt_row, 
     kb = tl.load(k_new + idx_b64[:, None] * stride_kt + offs_d[None, :])
     vb = tl.load(v_new + idx_b64[:, None] * stride_vt + offs_d[None, :])
     _softmax_pv_store(q, ka, va, kb, vb, pos_a, ok_a, pos_b, ok_b, q_pos, head, rows, row_ok,
-                      sink_ptr, o_ptr, stride_ot, stride_oh, qk_scale, window, HEAD_D, PART == 1)
+                      sink_ptr, o_ptr, stride_ot, stride_oh, qk_scale, window, HEAD_D, INTERIOR)
 
 
 @triton.jit
@@ -133,19 +132,15 @@ def _window_kernel(q_ptr, k_ptr, v_ptr, k_desc, v_desc, kc_ptr, vc_ptr, bt_ptr, 
                    stride_kcb, stride_kct, stride_kch, stride_vcb, stride_vct, stride_vch,
                    stride_bt, stride_ot, stride_oh, qk_scale, window,
                    GROUP: tl.constexpr, TOK: tl.constexpr, TOK_N: tl.constexpr, WIN_N: tl.constexpr,
-                   BS: tl.constexpr, HEAD_D: tl.constexpr, PART: tl.constexpr, TILES: tl.constexpr):
-    # PART 0: every tile, block A through row pointers; 1: tiles from WIN_N on, block A by TMA;
-    # 2: the tiles before WIN_N (row pointers). 1 and 2 are separate launches so that each gets
-    # its own register budget (row-pointer loads of block A are staged through ~2x the registers).
+                   BS: tl.constexpr, HEAD_D: tl.constexpr, TMA: tl.constexpr):
+    # TMA: interior tiles (t0 >= WIN_N) take block A by TMA, the first WIN_N tokens of a sequence
+    # through row pointers (one launch, two code paths; ptxas gives both ~128 registers).
     pid = tl.program_id(0)
     hkv = tl.program_id(1)
     b = tl.program_id(2)
     q_start = tl.load(cu_ptr + b).to(tl.int64)
     q_len = tl.load(cu_ptr + b + 1) - q_start.to(tl.int32)
-    if PART == 1:
-        t0 = WIN_N + pid * (TILES * TOK)
-    else:
-        t0 = pid * TOK
+    t0 = pid * TOK
     if t0 >= q_len:
         return
     ctx = tl.load(cl_ptr + b)
@@ -154,25 +149,29 @@ def _window_kernel(q_ptr, k_ptr, v_ptr, k_desc, v_desc, kc_ptr, vc_ptr, bt_ptr, 
     kc_head = kc_ptr + hkv * stride_kch
     vc_head = vc_ptr + hkv * stride_vch
     bt_row = bt_ptr + b.to(tl.int64) * stride_bt
-    if TILES == 1:
+    if TMA:
+        if t0 >= WIN_N:
+            _window_tile(q_ptr, k_new, v_new, k_desc, v_desc, kc_head, vc_head, bt_row, sink_ptr, o_ptr,
+                         q_start, q_len, ctx, t0, hkv, stride_qt, stride_qh, stride_kt, stride_vt,
+                         stride_kcb, stride_kct, stride_vcb, stride_vct, stride_ot, stride_oh, qk_scale,
+                         window, GROUP, TOK, TOK_N, WIN_N, BS, HEAD_D, True)
+        else:
+            _window_tile(q_ptr, k_new, v_new, k_desc, v_desc, kc_head, vc_head, bt_row, sink_ptr, o_ptr,
+                         q_start, q_len, ctx, t0, hkv, stride_qt, stride_qh, stride_kt, stride_vt,
+                         stride_kcb, stride_kct, stride_vcb, stride_vct, stride_ot, stride_oh, qk_scale,
+                         window, GROUP, TOK, TOK_N, WIN_N, BS, HEAD_D, False)
+    else:
         _window_tile(q_ptr, k_new, v_new, k_desc, v_desc, kc_head, vc_head, bt_row, sink_ptr, o_ptr,
                      q_start, q_len, ctx, t0, hkv, stride_qt, stride_qh, stride_kt, stride_vt,
-                     stride_kcb, stride_kct, stride_vcb, stride_vct, stride_ot, stride_oh, qk_scale, window,
-                     GROUP, TOK, TOK_N, WIN_N, BS, HEAD_D, PART)
-    else:
-        # PART 1 only: TILES consecutive interior tiles; Triton's pipeliner prefetches the next
-        # tile's Q/K/V (num_stages) while this one computes
-        n = tl.minimum(TILES, tl.cdiv(q_len - t0, TOK))
-        for i in range(0, n):
-            _window_tile(q_ptr, k_new, v_new, k_desc, v_desc, kc_head, vc_head, bt_row, sink_ptr, o_ptr,
-                         q_start, q_len, ctx, t0 + i * TOK, hkv, stride_qt, stride_qh, stride_kt, stride_vt,
-                         stride_kcb, stride_kct, stride_vcb, stride_vct, stride_ot, stride_oh, qk_scale,
-                         window, GROUP, TOK, TOK_N, WIN_N, BS, HEAD_D, PART)
+                     stride_kcb, stride_kct, stride_vcb, stride_vct, stride_ot, stride_oh, qk_scale,
+                     window, GROUP, TOK, TOK_N, WIN_N, BS, HEAD_D, False)
 
 
 def default_window_config(head_dim: int, group: int) -> dict:
-    """Rows per tile and launch parameters of the window kernel (see bench/NOTES.md)."""
-    return dict(ROWS=64, num_warps=4, num_stages=1, TMA=True, TILES=1)
+    """Rows per tile and launch parameters of the window kernel (measured on H200, bench/NOTES.md).
+    ``TMA_MIN_TOKENS``: TMA descriptors only from this many new tokens on (their host-side cost
+    outweighs the kernel-side gain in short launches)."""
+    return dict(ROWS=64, num_warps=4, num_stages=1, TMA=True, TMA_MIN_TOKENS=4096, TMA_MAXNREG=128)
 
 
 def window_supported(window: int, group: int) -> bool:
@@ -182,9 +181,9 @@ def window_supported(window: int, group: int) -> bool:
 
 def window_attention(q, k, v, k_cache, v_cache, block_tables, cu_seqlens_q, cached_lens, sinks,
                      scale: float, window: int, max_seqlen_q: int, out: torch.Tensor,
-                     config: dict | None = None) -> list:
+                     config: dict | None = None):
     """Launch the loop-free window kernel; ``max_seqlen_q`` sizes the grid (no device sync here).
-    Returns triton's compiled kernels of the launches (the benchmark reads their registers)."""
+    Returns triton's compiled kernel (the benchmark reads its registers), None if nothing ran."""
     T, Hq, D = q.shape
     Hkv = k.shape[1]
     B = cached_lens.shape[0]
@@ -195,34 +194,27 @@ def window_attention(q, k, v, k_cache, v_cache, block_tables, cu_seqlens_q, cach
     cfg = dict(default_window_config(D, group))
     cfg.update(config or {})
     cfg.pop("KERNEL", None)
-    rows, tma, tiles = cfg.pop("ROWS"), cfg.pop("TMA"), cfg.pop("TILES")
+    rows, tma, tma_min, tma_reg = cfg.pop("ROWS"), cfg.pop("TMA"), cfg.pop("TMA_MIN_TOKENS"), cfg.pop("TMA_MAXNREG")
     if T == 0 or max_seqlen_q == 0:
-        return []
+        return None
     tok = max(1, rows // group)
     if tok * group < 16:
         tok = 16 // group
     win_n = max(16, triton.next_power_of_2(window))
     k_desc, v_desc = k, v
-    tma = bool(tma and _tma_ok(k) and _tma_ok(v))
+    tma = bool(tma and max_seqlen_q >= max(tma_min, win_n + tok) and _tma_ok(k) and _tma_ok(v))
     if tma:
         from triton.tools.tensor_descriptor import TensorDescriptor
 
         k_desc = TensorDescriptor(k, [T, Hkv * D], [k.stride(0), 1], [win_n, D])
         v_desc = TensorDescriptor(v, [T, Hkv * D], [v.stride(0), 1], [win_n, D])
-        parts = [(1, triton.cdiv(triton.cdiv(max(max_seqlen_q - win_n, 0), tok), tiles), tiles),
-                 (2, triton.cdiv(min(max_seqlen_q, win_n), tok), 1)]
-    else:
-        parts = [(0, triton.cdiv(max_seqlen_q, tok), 1)]
-    launched = []
-    for part, n_tiles, tiles in parts:
-        if n_tiles == 0:
-            continue
-        launched.append(_window_kernel[(n_tiles, Hkv, B)](
-            q, k, v, k_desc, v_desc, k_cache, v_cache, block_tables, cu_seqlens_q, cached_lens, sinks, out,
-            q.stride(0), q.stride(1), k.stride(0), k.stride(1), v.stride(0), v.stride(1),
-            k_cache.stride(0), k_cache.stride(1), k_cache.stride(2),
-            v_cache.stride(0), v_cache.stride(1), v_cache.stride(2),
-            block_tables.stride(0), out.stride(0), out.stride(1), scale * LOG2E, window,
-            GROUP=group, TOK=tok, TOK_N=max(16, triton.next_power_of_2(tok)), WIN_N=win_n,
-            BS=k_cache.shape[1], HEAD_D=D, PART=part, TILES=tiles, **cfg))
-    return launched
+        if tma_reg and "maxnreg" not in cfg:  # both code paths in one kernel: ~150 registers uncapped
+            cfg["maxnreg"] = tma_reg
+    return _window_kernel[(triton.cdiv(max_seqlen_q, tok), Hkv, B)](
+        q, k, v, k_desc, v_desc, k_cache, v_cache, block_tables, cu_seqlens_q, cached_lens, sinks, out,
+        q.stride(0), q.stride(1), k.stride(0), k.stride(1), v.stride(0), v.stride(1),
+        k_cache.stride(0), k_cache.stride(1), k_cache.stride(2),
+        v_cache.stride(0), v_cache.stride(1), v_cache.stride(2),
+        block_tables.stride(0), out.stride(0), out.stride(1), scale * LOG2E, window,
+        GROUP=group, TOK=tok, TOK_N=max(16, triton.next_power_of_2(tok)), WIN_N=win_n,
+        BS=k_cache.shape[1], HEAD_D=D, TMA=tma, **cfg)
