@@ -48,9 +48,9 @@ PREFILL_CFGS = {
     "m128n128w8s3_pack_tma": _pcfg(128, 128, 8, 3, True, True),
 }
 WINDOW_CFGS = {
-    "win_r64w4_tma": _wcfg(64, 4),
-    "m64n32w4s3_pack_tma": _pcfg(64, 32, 4, 3, True, True),
     "win_r64w4": _wcfg(64, 4, tma=False),
+    "m64n32w4s3_pack_tma": _pcfg(64, 32, 4, 3, True, True),
+    "win_r64w4_tma": _wcfg(64, 4),
     "win_r64w4_tma_reg96": _wcfg(64, 4, maxnreg=96),
     "win_r128w8_tma": _wcfg(128, 8),
 }
