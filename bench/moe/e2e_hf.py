@@ -87,6 +87,9 @@ def main() -> int:
     ap.add_argument("--decode-context", type=int, default=1024)
     ap.add_argument("--decode-steps", type=int, default=16)
     ap.add_argument("--budget-s", type=float, default=600.0, help="skip HF/engine timings once this is spent")
+    ap.add_argument("--breakdown", action="store_true", help="engine rows carry the per-op GPU time breakdown")
+    ap.add_argument("--small-m-linear", default="default",
+                    help="engine decode with the small-M linear kernel(s): default, or a comma list of gemv,w8a16")
     args = ap.parse_args()
     args.deadline = time.time() + args.budget_s
     if os.environ.get("DAYZERO_DEADLINE", "").isdigit():
@@ -204,22 +207,42 @@ def run_hf_fast(res, state: dict, args) -> None:
 
 
 def run_engine(res, state: dict, args) -> None:
-    """Ours at the HF points: ``dayzero bench`` prefill (median of 3) and decode (graphs where default)."""
+    """Ours at the HF points: ``dayzero bench`` prefill (median of 3) and decode (graphs where default),
+    decode once per ``--small-m-linear`` kernel (``triton_linear.ONE_LAUNCH_SPLIT_K``)."""
     model = state["model"]
     for n in _ints(args.prefill_tokens):
         if time.time() > args.deadline:
             _add(res, args, name="engine_prefill", tokens=n, skipped="budget")
             continue
-        r = bench_prefill(model, n, repeat=3, breakdown=False, usd=3.0, seed=n)
+        r = bench_prefill(model, n, repeat=3, breakdown=args.breakdown and n == min(_ints(args.prefill_tokens)),
+                          usd=3.0, seed=n)
         _add(res, args, name="engine_prefill", backend=model.ops.backend, **r)
     graphs = graphs_by_default(model)
-    for b in _ints(args.decode_batches):
-        if time.time() > args.deadline:
-            _add(res, args, name="engine_decode", batch=b, skipped="budget")
-            continue
-        steps = max(args.decode_steps, 32) if model.device.type == "cuda" else args.decode_steps
-        r = bench_decode(model, b, args.decode_context, steps, seed=0, graphs=graphs)
-        _add(res, args, name="engine_decode", backend=model.ops.backend, **r)
+    kernels = [None] if args.small_m_linear == "default" else args.small_m_linear.split(",")
+    tlin = None
+    if kernels != [None]:  # triton is imported only when asked for (the CPU smoke run has none)
+        import dayzero.kernels.triton_linear as tlin
+    default = tlin.ONE_LAUNCH_SPLIT_K if tlin else None
+    try:
+        for kernel in kernels:
+            if kernel is not None:
+                tlin.ONE_LAUNCH_SPLIT_K = kernel == "gemv"
+            label = "default" if tlin is None else ("gemv" if tlin.ONE_LAUNCH_SPLIT_K else "w8a16")
+            for b in _ints(args.decode_batches):
+                if time.time() > args.deadline:
+                    _add(res, args, name="engine_decode", batch=b, small_m_linear=label, skipped="budget")
+                    continue
+                steps = max(args.decode_steps, 32) if model.device.type == "cuda" else args.decode_steps
+                try:
+                    r = bench_decode(model, b, args.decode_context, steps, seed=0, graphs=graphs,
+                                     breakdown=args.breakdown and b == 1)
+                except Exception as exc:  # one kernel failing must not drop the other's rows
+                    _add(res, args, name="engine_decode", batch=b, small_m_linear=label, error=repr(exc)[:400])
+                    continue
+                _add(res, args, name="engine_decode", backend=model.ops.backend, small_m_linear=label, **r)
+    finally:
+        if tlin is not None:
+            tlin.ONE_LAUNCH_SPLIT_K = default
 
 
 def pair(res) -> None:

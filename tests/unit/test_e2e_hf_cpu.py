@@ -20,7 +20,7 @@ def test_e2e_hf_cpu_smoke(tmp_path):
     env = dict(os.environ, PYTHONPATH=str(ROOT / "shared"), OMP_NUM_THREADS="2")
     cmd = [sys.executable, str(ROOT / "bench/moe/e2e_hf.py"), "--device", "cpu", "--model", "tiny", "--tokens", "40",
            "--prefill-tokens", "48,64", "--decode-batches", "1,2", "--decode-context", "16", "--decode-steps", "2",
-           "--out", str(tmp_path)]
+           "--breakdown", "--out", str(tmp_path)]
     out = subprocess.run(cmd, capture_output=True, text=True, timeout=600, env=env)
     assert out.returncode == 0, out.stderr[-3000:]
     doc = json.loads((tmp_path / "e2e-hf-tiny.json").read_text())
@@ -42,3 +42,4 @@ def test_e2e_hf_cpu_smoke(tmp_path):
     side = by("side_by_side")
     assert {(r["mode"], r.get("tokens", r.get("batch"))) for r in side} == {("prefill", 48), ("prefill", 64),
                                                                            ("decode", 1), ("decode", 2)}
+    assert "breakdown_ms" in by("engine_prefill")[0] and "breakdown_ms" in by("engine_decode")[0]
