@@ -32,8 +32,8 @@ def _pcfg(m, n, w, s, pack, tma):
     return dict(KERNEL="flash", BLOCK_M=m, BLOCK_N=n, num_warps=w, num_stages=s, PACK=pack, TMA=tma)
 
 
-def _wcfg(rows, w, tma=True, s=1, maxnreg=None):
-    cfg = dict(KERNEL="window", ROWS=rows, num_warps=w, num_stages=s, TMA=tma)
+def _wcfg(rows, w, tma=True, s=1, maxnreg=None, branch=False):
+    cfg = dict(KERNEL="window", ROWS=rows, num_warps=w, num_stages=s, TMA=tma, GATHER_BRANCH=branch)
     if maxnreg:
         cfg["maxnreg"] = maxnreg
     return cfg
@@ -50,6 +50,7 @@ PREFILL_CFGS = {
 WINDOW_CFGS = {
     "win_r64w4": _wcfg(64, 4, tma=False),
     "m64n32w4s3_pack_tma": _pcfg(64, 32, 4, 3, True, True),
+    "win_r64w4_branch": _wcfg(64, 4, tma=False, branch=True),
     "win_r64w4_tma": _wcfg(64, 4),
     "win_r64w4_tma_reg96": _wcfg(64, 4, maxnreg=96),
     "win_r128w8_tma": _wcfg(128, 8),
@@ -135,8 +136,9 @@ def bench_window_probe(rows):
     import time
     res = []
     plan = [(2048, 0), (4096, 0), (8192, 0), (32768, 0), (512, 24576), (8192, 24576)]
-    cfgs = {"window_ptr": dict(KERNEL="window", TMA=False), "window_tma": dict(KERNEL="window", TMA_MIN_TOKENS=0),
-            "flash": dict(KERNEL="flash")}
+    cfgs = {"window_ptr": dict(KERNEL="window", TMA=False),
+            "window_branch": dict(KERNEL="window", TMA=False, GATHER_BRANCH=True),
+            "window_tma": dict(KERNEL="window", TMA=True, TMA_MIN_TOKENS=0), "flash": dict(KERNEL="flash")}
     for n, cached in plan:
         c = single_sequence(n, cached=cached, seed=n + 1)
         args = (c["q"], c["k"], c["v"], c["k_cache"], c["v_cache"], c["block_tables"], c["cu_seqlens_q"],

@@ -64,6 +64,7 @@ WINDOW_KERNELS = {  # TMA_MIN_TOKENS=0: the TMA path even for these short sequen
     "flash": dict(KERNEL="flash"),
     "window_r64w4_tma": dict(KERNEL="window", ROWS=64, num_warps=4, TMA=True, TMA_MIN_TOKENS=0),
     "window_r64w4": dict(KERNEL="window", ROWS=64, num_warps=4, TMA=False),
+    "window_r64w4_branch": dict(KERNEL="window", ROWS=64, num_warps=4, TMA=False, GATHER_BRANCH=True),
     "window_r128w8_tma": dict(KERNEL="window", ROWS=128, num_warps=8, TMA=True, TMA_MIN_TOKENS=0),
 }
 
@@ -87,7 +88,7 @@ def test_window_kernel_windows_and_groups(window):
     for hq, hkv, d, bs in ((64, 8, 64, 16), (8, 2, 128, 32), (4, 4, 32, 16), (12, 2, 64, 16)):
         case = make_case([33, 1, 260], [0, 70, 300], hq=hq, hkv=hkv, d=d, bs=bs, window=window,
                          sinks="mixed", seed=window + hq)
-        _check(case, config=dict(KERNEL="window", TMA_MIN_TOKENS=0))
+        _check(case, config=dict(KERNEL="window", TMA=True, TMA_MIN_TOKENS=0))
 
 
 @pytest.mark.parametrize("window", [0, 128])

@@ -61,11 +61,31 @@ def _softmax_pv_store(q, ka, va, kb, vb, pos_a, ok_a, pos_b, ok_b, q_pos, head, 
 @triton.jit
 def _gather_block_a(k_new, v_new, kc_head, vc_head, bt_row, pos_a, ok_a, lo, ctx,
                     stride_kt, stride_vt, stride_kcb, stride_kct, stride_vcb, stride_vct,
-                    BS: tl.constexpr, HEAD_D: tl.constexpr):
-    """Block A through row pointers: new keys, or cache slots where the window reaches the cache."""
+                    BS: tl.constexpr, HEAD_D: tl.constexpr, BRANCH: tl.constexpr):
+    """Block A through row pointers: new keys, or cache slots where the window reaches the cache.
+    Two row-masked loads, summed (a masked-off row reads 0); row masks keep 16-byte vectors.
+    ``BRANCH``: only tiles whose window reaches the cache do that; the others one masked load."""
     offs_d = tl.arange(0, HEAD_D)
-    # two row-masked loads, summed (a masked-off row reads 0): the new keys, and the cache slots
-    # where the window reaches into the paged prefix. Row masks keep the loads 16-byte vectors.
+    if BRANCH:
+        if lo < ctx:
+            ka, va = _two_source_a(k_new, v_new, kc_head, vc_head, bt_row, pos_a, ok_a, ctx,
+                                   stride_kt, stride_vt, stride_kcb, stride_kct, stride_vcb, stride_vct,
+                                   BS, HEAD_D)
+        else:
+            idx_a = (pos_a - ctx).to(tl.int64)                    # new-key index
+            ka = tl.load(k_new + idx_a[:, None] * stride_kt + offs_d[None, :], mask=ok_a[:, None], other=0.0)
+            va = tl.load(v_new + idx_a[:, None] * stride_vt + offs_d[None, :], mask=ok_a[:, None], other=0.0)
+    else:
+        ka, va = _two_source_a(k_new, v_new, kc_head, vc_head, bt_row, pos_a, ok_a, ctx,
+                               stride_kt, stride_vt, stride_kcb, stride_kct, stride_vcb, stride_vct, BS, HEAD_D)
+    return ka, va
+
+
+@triton.jit
+def _two_source_a(k_new, v_new, kc_head, vc_head, bt_row, pos_a, ok_a, ctx,
+                  stride_kt, stride_vt, stride_kcb, stride_kct, stride_vcb, stride_vct,
+                  BS: tl.constexpr, HEAD_D: tl.constexpr):
+    offs_d = tl.arange(0, HEAD_D)
     in_c = ok_a & (pos_a < ctx)
     in_n = ok_a & (pos_a >= ctx)
     idx_a = (pos_a - ctx).to(tl.int64)                            # new-key index
@@ -87,7 +107,7 @@ def _window_tile(q_ptr, k_new, v_new, k_desc, v_desc, kc_head, vc_head, bt_row, 
                  stride_kcb, stride_kct, stride_vcb, stride_vct, stride_ot, stride_oh,
                  qk_scale, window,
                  GROUP: tl.constexpr, TOK: tl.constexpr, TOK_N: tl.constexpr, WIN_N: tl.constexpr,
-                 BS: tl.constexpr, HEAD_D: tl.constexpr, INTERIOR: tl.constexpr):
+                 BS: tl.constexpr, HEAD_D: tl.constexpr, INTERIOR: tl.constexpr, BRANCH: tl.constexpr):
     # Q and block B rows past the sequence's end are clamped onto its last token (a real, finite
     # row) and dropped by the masks, so those loads need no mask; block A rows outside the window
     # are never read (row-masked loads give 0), so stale cache blocks cannot leak NaN/Inf.
@@ -107,7 +127,8 @@ def _window_tile(q_ptr, k_new, v_new, k_desc, v_desc, kc_head, vc_head, bt_row, 
         va = v_desc.load([(q_start + t0 - WIN_N).to(tl.int32), hkv * HEAD_D])
     else:
         ka, va = _gather_block_a(k_new, v_new, kc_head, vc_head, bt_row, pos_a, ok_a, lo, ctx,
-                                 stride_kt, stride_vt, stride_kcb, stride_kct, stride_vcb, stride_vct, BS, HEAD_D)
+                                 stride_kt, stride_vt, stride_kcb, stride_kct, stride_vcb, stride_vct, BS, HEAD_D,
+                                 BRANCH)
     tok = t0 + offs_r // GROUP                                    # [R] new-token index of each row
     head = hkv * GROUP + offs_r % GROUP                           # [R] query head of each row
     row_ok = tok < q_len
@@ -132,7 +153,7 @@ def _window_kernel(q_ptr, k_ptr, v_ptr, k_desc, v_desc, kc_ptr, vc_ptr, bt_ptr, 
                    stride_kcb, stride_kct, stride_kch, stride_vcb, stride_vct, stride_vch,
                    stride_bt, stride_ot, stride_oh, qk_scale, window,
                    GROUP: tl.constexpr, TOK: tl.constexpr, TOK_N: tl.constexpr, WIN_N: tl.constexpr,
-                   BS: tl.constexpr, HEAD_D: tl.constexpr, TMA: tl.constexpr):
+                   BS: tl.constexpr, HEAD_D: tl.constexpr, TMA: tl.constexpr, BRANCH: tl.constexpr):
     # TMA: interior tiles (t0 >= WIN_N) take block A by TMA, the first WIN_N tokens of a sequence
     # through row pointers (one launch, two code paths; ptxas gives both ~128 registers).
     pid = tl.program_id(0)
@@ -154,17 +175,17 @@ def _window_kernel(q_ptr, k_ptr, v_ptr, k_desc, v_desc, kc_ptr, vc_ptr, bt_ptr, 
             _window_tile(q_ptr, k_new, v_new, k_desc, v_desc, kc_head, vc_head, bt_row, sink_ptr, o_ptr,
                          q_start, q_len, ctx, t0, hkv, stride_qt, stride_qh, stride_kt, stride_vt,
                          stride_kcb, stride_kct, stride_vcb, stride_vct, stride_ot, stride_oh, qk_scale,
-                         window, GROUP, TOK, TOK_N, WIN_N, BS, HEAD_D, True)
+                         window, GROUP, TOK, TOK_N, WIN_N, BS, HEAD_D, True, BRANCH)
         else:
             _window_tile(q_ptr, k_new, v_new, k_desc, v_desc, kc_head, vc_head, bt_row, sink_ptr, o_ptr,
                          q_start, q_len, ctx, t0, hkv, stride_qt, stride_qh, stride_kt, stride_vt,
                          stride_kcb, stride_kct, stride_vcb, stride_vct, stride_ot, stride_oh, qk_scale,
-                         window, GROUP, TOK, TOK_N, WIN_N, BS, HEAD_D, False)
+                         window, GROUP, TOK, TOK_N, WIN_N, BS, HEAD_D, False, BRANCH)
     else:
         _window_tile(q_ptr, k_new, v_new, k_desc, v_desc, kc_head, vc_head, bt_row, sink_ptr, o_ptr,
                      q_start, q_len, ctx, t0, hkv, stride_qt, stride_qh, stride_kt, stride_vt,
                      stride_kcb, stride_kct, stride_vcb, stride_vct, stride_ot, stride_oh, qk_scale,
-                     window, GROUP, TOK, TOK_N, WIN_N, BS, HEAD_D, False)
+                     window, GROUP, TOK, TOK_N, WIN_N, BS, HEAD_D, False, BRANCH)
 
 
 def default_window_config(head_dim: int, group: int) -> dict:
@@ -173,7 +194,8 @@ def default_window_config(head_dim: int, group: int) -> dict:
     default: the TMA path's kernel time is lower (run 5: 373 vs 496 µs at 32k) but its one-launch
     form has not run on the GPU yet and the host cost per call is unmeasured. ``TMA_MIN_TOKENS``:
     TMA descriptors only from this many new tokens on."""
-    return dict(ROWS=64, num_warps=4, num_stages=1, TMA=False, TMA_MIN_TOKENS=4096, TMA_MAXNREG=128)
+    return dict(ROWS=64, num_warps=4, num_stages=1, TMA=False, TMA_MIN_TOKENS=4096, TMA_MAXNREG=128,
+                GATHER_BRANCH=False)
 
 
 def window_supported(window: int, group: int) -> bool:
@@ -197,6 +219,7 @@ def window_attention(q, k, v, k_cache, v_cache, block_tables, cu_seqlens_q, cach
     cfg.update(config or {})
     cfg.pop("KERNEL", None)
     rows, tma, tma_min, tma_reg = cfg.pop("ROWS"), cfg.pop("TMA"), cfg.pop("TMA_MIN_TOKENS"), cfg.pop("TMA_MAXNREG")
+    branch = bool(cfg.pop("GATHER_BRANCH"))
     if T == 0 or max_seqlen_q == 0:
         return None
     tok = max(1, rows // group)
@@ -219,4 +242,4 @@ def window_attention(q, k, v, k_cache, v_cache, block_tables, cu_seqlens_q, cach
         v_cache.stride(0), v_cache.stride(1), v_cache.stride(2),
         block_tables.stride(0), out.stride(0), out.stride(1), scale * LOG2E, window,
         GROUP=group, TOK=tok, TOK_N=max(16, triton.next_power_of_2(tok)), WIN_N=win_n,
-        BS=k_cache.shape[1], HEAD_D=D, TMA=tma, **cfg)
+        BS=k_cache.shape[1], HEAD_D=D, TMA=tma, BRANCH=branch, **cfg)
