@@ -16,18 +16,20 @@ HQ, HKV, D, BS = 64, 8, 64, 16
 
 
 def run_meta() -> dict:
-    """Commit (git, else the carried .devmeta/commit), GPU, versions, UTC date, kernel source hash."""
+    """Commit (the carried .devmeta/commit, else git), GPU, versions, UTC date, kernel source hash.
+    The carried file wins: the device copy's git reported a stale HEAD in runs 4-5."""
     commit = ""
+    meta_file = ROOT / ".devmeta" / "commit"
+    if meta_file.exists():
+        commit = meta_file.read_text().strip()
     try:
-        commit = subprocess.run(["git", "rev-parse", "HEAD"], cwd=ROOT, capture_output=True, text=True,
-                                timeout=10).stdout.strip()
+        if not commit:
+            commit = subprocess.run(["git", "rev-parse", "HEAD"], cwd=ROOT, capture_output=True, text=True,
+                                    timeout=10).stdout.strip()
     except (OSError, subprocess.SubprocessError):
         pass
     if len(commit) != 40 or any(c not in "0123456789abcdef" for c in commit):
         commit = ""  # not a git checkout (the device copy has no history)
-    meta_file = ROOT / ".devmeta" / "commit"
-    if not commit and meta_file.exists():
-        commit = meta_file.read_text().strip()
     src = hashlib.sha256()
     for p in sorted((ROOT / "shared" / "dayzero" / "kernels").glob("triton_attention*.py")):
         src.update(p.read_bytes())
