@@ -7,7 +7,8 @@
 #   DEVICE_PACK=1      areas write to a scratch folder, packed after every area into $OUT/results.tgz
 #                      (the device call returns at most 8 files; a cut-off run keeps what finished).
 #   MOE_STEPS / MOE_KERNEL_ARGS / ENGINE_STEPS / ATTENTION_ARGS / LINEAR_ARGS: passed to the areas' scripts.
-#   DEVICE_AREAS=a,b   run only these areas (engine, moe, attention, linear), in the order above.
+#   DEVICE_AREAS=a,b   run only these areas (engine, moe, attention, linear, peers), in the order above;
+#                      default: all but peers (FlashInfer + HF beside ours: bench/peers_run.sh).
 set -u
 cd "$(dirname "$0")/.."
 export NCCL_NVLS_ENABLE=0
@@ -31,4 +32,5 @@ area engine bash bench/engine/run.sh
 [ -f bench/moe/run.sh ] && area moe bash bench/moe/run.sh
 area attention bash bench/attention/run.sh ${ATTENTION_ARGS:-}
 area linear bash bench/linear/run.sh ${LINEAR_ARGS:-}
+area peers bash bench/peers_run.sh
 exit $rc
