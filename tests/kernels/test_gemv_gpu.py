@@ -16,11 +16,15 @@ pytestmark = [pytest.mark.gpu, pytest.mark.skipif(not torch.cuda.is_available(),
 SHAPES = [(4096, 2880), (512, 2880), (2880, 4096), (200, 2880), (201088, 2880)]
 
 
-@pytest.mark.parametrize("n,k", SHAPES)
-@pytest.mark.parametrize("m", [1, 4, 16])
-@pytest.mark.parametrize("cfg", [GemvConfig(), GemvConfig(bn=32, split=5), GemvConfig(bn=128, split=1),
-                                 GemvConfig(bn=16, target_programs=528)], ids=["auto", "bn32s5", "bn128s1", "bn16"])
+CONFIGS = {"auto": GemvConfig(), "bn32s5": GemvConfig(bn=32, split=5), "bn128s1": GemvConfig(bn=128, split=1),
+           "bn16": GemvConfig(bn=16, target_programs=528)}
+CASES = ([(m, n, k, "auto") for n, k in SHAPES for m in (1, 4, 16)]
+         + [(m, n, k, c) for n, k in SHAPES[:4] for m in (1, 16) for c in ("bn32s5", "bn128s1", "bn16")])
+
+
+@pytest.mark.parametrize("m,n,k,cfg", CASES, ids=[f"m{m}-{n}x{k}-{c}" for m, n, k, c in CASES])
 def test_gemv_matches_exact(m, n, k, cfg):
+    cfg = CONFIGS[cfg]
     torch.manual_seed(m * 7 + n + k)
     lw = make_weight(n, k)
     x = torch.randn(m, k, device=DEV).bfloat16()
