@@ -82,16 +82,19 @@ def graph_us(calls: list, reps: int = 20) -> float:
 
 
 def variants(T: int, full: bool) -> dict:
-    """Default tiles and the other combine; with ``full`` (20B) a few tile alternatives at chosen T
-    (each is a compile, so few)."""
+    """Default tiles, the other combine and the plan launch; with ``full`` (20B) a few tile
+    alternatives at chosen T (each is a compile, so few)."""
     base = default_tiles(T)
     v = {"small2": base, "small2_" + ("unfused" if base.fused_combine else "fused"):
-         dataclasses.replace(base, fused_combine=not base.fused_combine)}
+         dataclasses.replace(base, fused_combine=not base.fused_combine),
+         "small2_plan": dataclasses.replace(base, plan=True)}
     if full and T >= 16:
         v["small2_bn64"] = dataclasses.replace(base, bn_gate_up=64, bn_down=64)
+    if full and T in (1, 64):
+        v["small2_maxnreg128"] = dataclasses.replace(base, maxnreg=128)
+        v["small2_plan_maxnreg96"] = dataclasses.replace(base, plan=True, maxnreg=96)
     if full and T == 1:
         v["small2_warps2"] = dataclasses.replace(base, warps=2)
-        v["small2_bn_down16"] = dataclasses.replace(base, bn_down=16)
     return v
 
 

@@ -103,38 +103,42 @@ def test_small_vs_reference(name, T):
     check(name, T, seed=T)
 
 
-@pytest.mark.parametrize("fused", [True, False])
+VARIANTS = {"fused": dict(fused_combine=True), "unfused": dict(fused_combine=False), "plan": dict(plan=True)}
+
+
+@pytest.mark.parametrize("variant", list(VARIANTS))
 @pytest.mark.parametrize("T", [5, 64])
-def test_repeated_experts(T, fused):
+def test_repeated_experts(T, variant):
     # every token routes to experts 1..4: each of them gets all T rows (T > BM: the chunk loop)
     from dayzero.kernels.triton_moe_small import SmallTiles
 
-    check("20b", T, seed=100 + T, tiles=SmallTiles(bm=16, fused_combine=fused), repeated=True)
+    check("20b", T, seed=100 + T, tiles=SmallTiles(bm=16, **VARIANTS[variant]), repeated=True)
 
 
-@pytest.mark.parametrize("tiles", ["bm32", "bn64_16", "bn128", "fused", "warps2"])
+@pytest.mark.parametrize("tiles", ["bm32", "bn64_16", "bn128", "fused", "warps2", "maxnreg128", "plan_maxnreg96"])
 def test_tile_variants(tiles):
     from dayzero.kernels.triton_moe_small import SmallTiles
 
     t = {"bm32": SmallTiles(bm=32), "bn64_16": SmallTiles(bn_gate_up=64, bn_down=16),
          "bn128": SmallTiles(bn_gate_up=128, bn_down=128), "fused": SmallTiles(fused_combine=True),
-         "warps2": SmallTiles(warps=2)}[tiles]
+         "warps2": SmallTiles(warps=2), "maxnreg128": SmallTiles(maxnreg=128),
+         "plan_maxnreg96": SmallTiles(plan=True, maxnreg=96)}[tiles]
     check("20b", 33, seed=7, tiles=t)
 
 
-@pytest.mark.parametrize("fused", [True, False])
-def test_expert_parallel_slice_and_unrouted_tokens(fused):
+@pytest.mark.parametrize("variant", list(VARIANTS))
+def test_expert_parallel_slice_and_unrouted_tokens(variant):
     # this rank owns global experts [8, 16): tokens with no route there must come out exactly zero
     from dayzero.kernels.triton_moe_small import SmallTiles
 
-    out, exact, ids = check("120b", 24, seed=11, tiles=SmallTiles(fused_combine=fused), offset=8, E_local=8)
+    out, exact, ids = check("120b", 24, seed=11, tiles=SmallTiles(**VARIANTS[variant]), offset=8, E_local=8)
     local = ((ids >= 8) & (ids < 16)).any(1)
     assert (~local).any() and local.any()
     assert (out[~local] == 0).all()
 
 
-@pytest.mark.parametrize("fused", [True, False])
-def test_deterministic_and_graph_replay_equals_eager(fused):
+@pytest.mark.parametrize("variant", list(VARIANTS))
+def test_deterministic_and_graph_replay_equals_eager(variant):
     from dayzero.kernels.triton_moe_small import MoeSmall, SmallTiles, moe_small
 
     if DEV != "cuda":
@@ -142,7 +146,7 @@ def test_deterministic_and_graph_replay_equals_eager(fused):
     q, _ = experts("20b")
     E, H, _ = SHAPES["20b"]
     x, w, ids = inputs(16, E, H, seed=1)
-    tiles = SmallTiles(fused_combine=fused)
+    tiles = SmallTiles(**VARIANTS[variant])
     run = MoeSmall(x, w, ids, q, LIMIT, tiles)
     first = run().clone()
     assert torch.equal(run(), first)                                        # bitwise repeatable
