@@ -19,9 +19,10 @@ from .triton_moe_small_kernels import combine_kernel, down_kernel, gate_up_kerne
 from .types import ExpertWeights
 
 SWIGLU_ALPHA = 1.702
-# T * k up to which the registered triton op takes this path: T = 1 at top-4. Runs 1-2 (CUDA graphs):
-# 3-4 % faster than the aligned path at T = 1, slower from T = 2 on (bench/NOTES.md "MoE decode")
-DECODE_MAX_PAIRS = 4
+# T * k up to which the registered triton op takes this path (4 = T = 1 at top-4). Runs 1-2 (CUDA
+# graphs): 3-4 % faster than the aligned path at T = 1, slower from T = 2 on (bench/NOTES.md "MoE
+# decode"). Off (0) until the kernels as refactored after run 2 have run on a GPU.
+DECODE_MAX_PAIRS = 0
 BK = 128                # one weight scale block per K step
 
 
