@@ -145,19 +145,26 @@ class Run:
         (self.out / "flashinfer.json").write_text(json.dumps(self.doc, indent=1))
 
 
-def build_all(run: Run, workers: int) -> None:
+def build_all(run: Run, workers: int, build_s: float | None = None) -> None:
+    """JIT-build the variants in parallel processes; each finished build counts even if others run
+    out of time (``build_s`` caps the builds, else the run's budget minus 60 s for the timings)."""
     import multiprocessing as mp
 
     t0 = time.perf_counter()
+    stop = time.time() + (build_s if build_s is not None else max(10.0, run.left() - 60))
     try:
         n = max(1, min(workers, len(VARIANTS)))
         jobs = max(2, (os.cpu_count() or 8) // n)
         pool = mp.get_context("spawn").Pool(n)
         try:
-            res = pool.starmap_async(_build_variant, [(v, jobs) for v in VARIANTS]).get(
-                timeout=max(10.0, run.left() - 60))
-        except mp.TimeoutError:
-            res = [dict(backend=b, window=w, ok=False, error="build timed out (budget)") for b, w in VARIANTS]
+            pending = [(v, pool.apply_async(_build_variant, (v, jobs))) for v in VARIANTS]
+            res = []
+            for (b, w), job in pending:
+                try:
+                    res.append(job.get(timeout=max(0.1, stop - time.time())))
+                except mp.TimeoutError:
+                    res.append(dict(backend=b, window=w, ok=False, seconds=time.perf_counter() - t0,
+                                    error="build timed out (budget)"))
         finally:
             pool.terminate()
             pool.join()
@@ -179,6 +186,9 @@ def main() -> int:
     ap.add_argument("--jit-workers", type=int, default=4)
     ap.add_argument("--backends", default="fa2,fa3")
     ap.add_argument("--no-128k", action="store_true")
+    ap.add_argument("--build-s", type=float, default=None, help="cap of the JIT builds (default: budget - 60 s)")
+    ap.add_argument("--build-only", action="store_true",
+                    help="JIT-build the variants and stop (a later run loads them from FlashInfer's cache)")
     ap.add_argument("--save", metavar="JSON", help="copy a device run's flashinfer.json into --results-dir")
     ap.add_argument("--results-dir", default=str(HERE.parent / "results"))
     a = ap.parse_args()
@@ -197,7 +207,10 @@ def main() -> int:
     import fi_cases  # noqa: E402 - needs CUDA, triton and the project on the path
 
     run.part("meta", fi_cases.meta, run)
-    run.part("build", build_all, run, a.jit_workers)
+    run.part("build", build_all, run, a.jit_workers, a.build_s)
+    if a.build_only:
+        (run.out / "flashinfer.json").rename(run.out / "flashinfer-build.json")
+        return 0 if all(b.get("ok") for b in run.doc["builds"]) else 1
     backends = [b for b in a.backends.split(",") if b]
     run.part("check", fi_cases.check, run, backends)
     fi_cases.timings(run, backends, with_128k=not a.no_128k)

@@ -62,3 +62,23 @@ def test_gemv_graph_replay_equals_eager():
     # split-K adds in a different order from run to run; equal within fp32 rounding of the sums
     assert rel(out, gemv_fp8(x, lw)) < 1e-2
     del eager
+
+
+@pytest.mark.parametrize("m", [1, 5, 16])
+@pytest.mark.parametrize("n,k", SHAPES[:4])
+def test_gemv_fp8_activations_match_dequantized_product(m, n, k):
+    """float8 x with 1x128 scales (what rms_norm_quant hands q/k/v): equals the exact product of
+    the dequantized activations and weights (no error beyond fp32 accumulation)."""
+    from dayzero.weights import fp8
+
+    torch.manual_seed(m + n + k)
+    lw = make_weight(n, k)
+    xq, xs = fp8.quantize_act_group(torch.randn(m, k, device=DEV))
+    exact = exact_linear(fp8.dequantize_act_group(xq, xs), lw)
+    poison()
+    out = gemv_fp8(xq, lw, x_scale=xs)
+    assert torch.isfinite(out).all(), "unwritten output elements"
+    assert rel(out, exact) < 4e-3, rel(out, exact)
+    poison()
+    xs_t = xs.t().contiguous().t()  # the group-major layout rms_norm_quant keeps: any strides are fine
+    assert rel(gemv_fp8(xq, lw, x_scale=xs_t), exact) < 4e-3

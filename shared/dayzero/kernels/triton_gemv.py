@@ -35,10 +35,10 @@ def _fence_gpu(like):
 
 
 @triton.jit
-def _gemv_splitk_kernel(x_ptr, w_ptr, s_ptr, bias_ptr, out_ptr, ws_ptr, ticket_ptr,
-                        M, N, K, stride_xm, stride_wn, stride_sn, stride_om,
+def _gemv_splitk_kernel(x_ptr, xs_ptr, w_ptr, s_ptr, bias_ptr, out_ptr, ws_ptr, ticket_ptr,
+                        M, N, K, stride_xm, stride_xsm, stride_xsk, stride_wn, stride_sn, stride_om,
                         BN: tl.constexpr, BK: tl.constexpr, SPLIT: tl.constexpr, HAS_BIAS: tl.constexpr,
-                        DOT_F32: tl.constexpr):
+                        X_SCALED: tl.constexpr, DOT_F32: tl.constexpr):
     pid_n = tl.program_id(0)
     pid_k = tl.program_id(1)
     offs_m = tl.arange(0, 16)
@@ -62,7 +62,10 @@ def _gemv_splitk_kernel(x_ptr, w_ptr, s_ptr, bias_ptr, out_ptr, ws_ptr, ticket_p
         if DOT_F32:
             part = tl.dot(x.to(tl.float32), tl.trans(w.to(tl.float32)))
         else:
-            part = tl.dot(x.to(tl.bfloat16), tl.trans(w.to(tl.bfloat16)))
+            part = tl.dot(x.to(tl.bfloat16), tl.trans(w.to(tl.bfloat16)))   # fp8 x widens exactly
+        if X_SCALED:  # fp8 activations: one scale per row per 128 columns
+            xs = tl.load(xs_ptr + offs_m * stride_xsm + kb * stride_xsk, mask=m_ok, other=0.0)
+            part = part * xs[:, None]
         acc += part * s
     out_mask = m_ok[:, None] & n_ok[None, :]
     out_ptrs = out_ptr + offs_m[:, None] * stride_om + offs_n[None, :]
@@ -124,17 +127,24 @@ def _workspace(weight: LinearWeight, bn: int) -> _Workspace:
     return ws
 
 
-def gemv_fp8(x: torch.Tensor, weight: LinearWeight, cfg: GemvConfig | None = None) -> torch.Tensor:
-    """x [M <= 16, K] bf16 -> [M, N] bf16 = x @ dequant(weight).T + bias."""
+def gemv_fp8(x: torch.Tensor, weight: LinearWeight, cfg: GemvConfig | None = None,
+             x_scale: torch.Tensor | None = None) -> torch.Tensor:
+    """x [M <= 16, K] bf16 -> [M, N] bf16 = x @ dequant(weight).T + bias; or x float8 [M, >= K] with
+    ``x_scale`` [M, ceil(K/128)] fp32 (1x128 groups, any strides): dequant(x) @ dequant(weight).T + bias."""
     cfg = cfg or GemvConfig()
     w, s = weight.weight, weight.scale
     N, K = w.shape
     M = x.shape[0]
-    if M > MAX_M or x.shape[1] != K:
+    if M > MAX_M or x.shape[1] < K or (x.shape[1] != K and x.dtype != torch.float8_e4m3fn):
         raise ValueError(f"gemv_fp8: x must be [<= {MAX_M}, {K}], got {tuple(x.shape)}")
     if BLOCK % cfg.bn:
         raise ValueError(f"gemv_fp8: bn must divide {BLOCK}, got {cfg.bn}")
-    x = x.contiguous()
+    x_fp8 = x.dtype == torch.float8_e4m3fn
+    if x_fp8 and (x_scale is None or x_scale.shape[0] < M or x_scale.shape[1] != triton.cdiv(K, BLOCK)):
+        raise ValueError(f"gemv_fp8: float8 x needs x_scale [{M}, {triton.cdiv(K, BLOCK)}], got "
+                         f"{None if x_scale is None else tuple(x_scale.shape)}")
+    if x.stride(1) != 1:
+        x = x.contiguous()
     out = torch.empty((M, N), dtype=torch.bfloat16, device=x.device)
     split = choose_split(N, K, cfg)
     ws = _workspace(weight, cfg.bn) if split > 1 else None
@@ -142,10 +152,11 @@ def gemv_fp8(x: torch.Tensor, weight: LinearWeight, cfg: GemvConfig | None = Non
     from .triton_moe_gemm import interpreting
 
     _gemv_splitk_kernel[(triton.cdiv(N, cfg.bn), split)](
-        x, w, s, bias if bias is not None else s, out,
+        x, x_scale if x_fp8 else s, w, s, bias if bias is not None else s, out,
         ws.sums if ws else out, ws.tickets if ws else out,
-        M, N, K, x.stride(0), w.stride(0), s.stride(0), out.stride(0),
-        BN=cfg.bn, BK=BLOCK, SPLIT=split, HAS_BIAS=bias is not None, DOT_F32=interpreting(),
+        M, N, K, x.stride(0), x_scale.stride(0) if x_fp8 else 0, x_scale.stride(1) if x_fp8 else 0,
+        w.stride(0), s.stride(0), out.stride(0),
+        BN=cfg.bn, BK=BLOCK, SPLIT=split, HAS_BIAS=bias is not None, X_SCALED=x_fp8, DOT_F32=interpreting(),
         num_warps=cfg.warps, num_stages=cfg.stages,
     )
     return out

@@ -315,6 +315,8 @@ def linear(x: torch.Tensor, weight: LinearWeight, x_scale: torch.Tensor | None =
     if x_fp8:
         if x_scale is None:
             raise ValueError("linear: float8 activations need x_scale [T, ceil(K/128)]")
+        if ONE_LAUNCH_SPLIT_K and x.shape[0] <= SMALL_M:  # decode q/k/v: no padding, no cuBLAS launch
+            return gemv_fp8(x, weight, x_scale=x_scale).to(out_dtype)
         q, s_t = _prequantized(x, x_scale, K)
     elif x.shape[0] <= SMALL_M:
         xb = x.contiguous().to(torch.bfloat16)
