@@ -41,7 +41,7 @@ SCALE_FLOOR = tl.constexpr(1e-10)
 SMALL_M = 16  # rows at or below which the weight-only kernel runs (bench/NOTES.md, run 2)
 # small M through triton_gemv (split-K in one launch) or the one-launch-per-tile weight-only kernel;
 # DAYZERO_SMALL_M_LINEAR=gemv|w8a16 overrides the default for side-by-side benchmarks (bench/NOTES.md)
-ONE_LAUNCH_SPLIT_K = os.environ.get("DAYZERO_SMALL_M_LINEAR", "w8a16") == "gemv"
+ONE_LAUNCH_SPLIT_K = os.environ.get("DAYZERO_SMALL_M_LINEAR", "gemv") == "gemv"
 ROW_ALIGN = 16  # activation buffers are padded to a multiple of 16 rows (cuBLAS blockwise needs it)
 
 
