@@ -10,7 +10,6 @@ exact uses the same dequantized weights and unquantized activations):
 
 from __future__ import annotations
 
-import os
 
 import pytest
 import torch
@@ -18,22 +17,9 @@ import torch
 from dayzero.kernels import torch_ops as ref
 from dayzero.kernels.types import LinearWeight
 from dayzero.weights import fp8
+from gpu_util import DEV, poison, rel
 
 pytestmark = [pytest.mark.gpu, pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")]
-DEV = os.environ.get("DAYZERO_KERNEL_TEST_DEVICE", "cuda")  # "cpu" only under TRITON_INTERPRET=1
-
-
-def rel(a: torch.Tensor, b: torch.Tensor) -> float:
-    return ((a.double() - b.double()).norm() / b.double().norm()).item()
-
-
-def poison() -> None:
-    """Fill the allocator's cached blocks with NaN: unwritten outputs then read as NaN."""
-    if DEV == "cuda":
-        free = torch.cuda.mem_get_info()[0]
-        blob = torch.full((min(free // 8, 1 << 30),), float("nan"), device=DEV)      # large pool
-        small = [torch.full((1 << 16,), float("nan"), device=DEV) for _ in range(64)]  # small pool (<= 1 MB)
-        del blob, small
 
 
 def make_weight(n: int, k: int, bias: bool = True, std: float = 0.02) -> LinearWeight:

@@ -10,7 +10,6 @@ so ``e_ref = |ref - exact| / |exact|`` is the reference's own FP8 emulation erro
 from __future__ import annotations
 
 import dataclasses
-import os
 
 import pytest
 import torch
@@ -18,22 +17,10 @@ import torch
 from dayzero.kernels import torch_ops as ref
 from dayzero.kernels.types import ExpertWeights
 from dayzero.weights import fp8
+from gpu_util import DEV, poison, rel
 
 pytestmark = [pytest.mark.gpu, pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")]
-DEV = os.environ.get("DAYZERO_KERNEL_TEST_DEVICE", "cuda")  # "cpu" only under TRITON_INTERPRET=1
 LIMIT = 7.0
-
-
-def rel(a: torch.Tensor, b: torch.Tensor) -> float:
-    return ((a.double() - b.double()).norm() / b.double().norm()).item()
-
-
-def poison() -> None:
-    if DEV == "cuda":
-        free = torch.cuda.mem_get_info()[0]
-        blob = torch.full((min(free // 8, 1 << 30),), float("nan"), device=DEV)
-        small = [torch.full((1 << 16,), float("nan"), device=DEV) for _ in range(64)]
-        del blob, small
 
 
 def make_experts(E: int, H: int, I: int, seed: int, offset: int = 0) -> tuple[ExpertWeights, ExpertWeights]:

@@ -11,7 +11,6 @@ On a GPU: real gpt-oss shapes (20B: 32 experts, 120B: 128, H = I = 2880, top-4).
 from __future__ import annotations
 
 import functools
-import os
 
 import pytest
 import torch
@@ -19,8 +18,8 @@ import torch
 from dayzero.kernels import torch_ops as ref
 from dayzero.kernels.types import ExpertWeights
 from dayzero.weights import fp8
+from gpu_util import DEV, poison, rel
 
-DEV = os.environ.get("DAYZERO_KERNEL_TEST_DEVICE", "cuda")  # "cpu" only under TRITON_INTERPRET=1
 pytestmark = [pytest.mark.gpu,
               pytest.mark.skipif(DEV == "cuda" and not torch.cuda.is_available(), reason="needs a CUDA GPU")]
 LIMIT = 7.0
@@ -28,18 +27,6 @@ K_TOP = 4
 # name -> (E, H, I); the CPU interpreter gets small shapes that are not multiples of 128
 SHAPES = {"20b": (32, 2880, 2880), "120b": (128, 2880, 2880)} if DEV == "cuda" else \
     {"20b": (8, 208, 336), "120b": (24, 136, 200)}
-
-
-def rel(a: torch.Tensor, b: torch.Tensor) -> float:
-    return ((a.double() - b.double()).norm() / b.double().norm().clamp(min=1e-30)).item()
-
-
-def poison() -> None:
-    if DEV == "cuda":
-        free = torch.cuda.mem_get_info()[0]
-        blob = torch.full((min(free // 8, 1 << 30),), float("nan"), device=DEV)
-        small = [torch.full((1 << 16,), float("nan"), device=DEV) for _ in range(64)]
-        del blob, small
 
 
 @functools.lru_cache(maxsize=2)

@@ -9,25 +9,16 @@ of the mean square (at most one bf16 rounding step). On a CPU the same tests run
 
 from __future__ import annotations
 
-import os
 
 import pytest
 import torch
 
 from dayzero.kernels import torch_ops as ref
+from gpu_util import DEV, poison
 
-DEV = os.environ.get("DAYZERO_KERNEL_TEST_DEVICE", "cuda")  # "cpu" only under TRITON_INTERPRET=1
 pytestmark = [pytest.mark.gpu,
               pytest.mark.skipif(DEV == "cuda" and not torch.cuda.is_available(), reason="needs a CUDA GPU")]
 BIG = DEV == "cuda"  # real gpt-oss shapes only on the GPU (the interpreter is slow)
-
-
-def poison() -> None:
-    if DEV == "cuda":
-        free = torch.cuda.mem_get_info()[0]
-        blob = torch.full((min(free // 8, 1 << 30),), float("nan"), device=DEV)
-        small = [torch.full((1 << 16,), float("nan"), device=DEV) for _ in range(64)]
-        del blob, small
 
 
 NORM_SHAPES = [(1, 2880), (17, 2880), (1000, 2880), (3, 128), (5, 96), (2, 4096)] if BIG else \

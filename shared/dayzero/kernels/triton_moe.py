@@ -134,13 +134,7 @@ class MoeRun:
 
     def __init__(self, x: torch.Tensor, weights: torch.Tensor, ids: torch.Tensor, experts: ExpertWeights,
                  limit: float, tiles: MoeTiles | None = None, small: bool | None = None) -> None:
-        T, H = x.shape
-        E, two_i, h_in = experts.gate_up.shape
-        I = two_i // 2
-        if h_in != H or experts.down.shape != (E, H, I) or weights.shape != ids.shape or ids.shape[0] != T:
-            raise ValueError(f"moe shapes disagree: x {tuple(x.shape)}, ids {tuple(ids.shape)}, weights "
-                             f"{tuple(weights.shape)}, gate_up {tuple(experts.gate_up.shape)}, "
-                             f"down {tuple(experts.down.shape)}")
+        T, H, E, I = experts.check_call(x, weights, ids)
         self.k = k = ids.shape[1]
         self.T, self.H, self.I, self.E = T, H, I, E
         if small is None:

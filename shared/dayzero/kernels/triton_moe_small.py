@@ -66,13 +66,7 @@ class MoeSmall:
 
     def __init__(self, x: torch.Tensor, weights: torch.Tensor, ids: torch.Tensor, experts: ExpertWeights,
                  limit: float, tiles: SmallTiles | None = None) -> None:
-        T, H = x.shape
-        E, two_i, h_in = experts.gate_up.shape
-        I = two_i // 2
-        if h_in != H or experts.down.shape != (E, H, I) or weights.shape != ids.shape or ids.shape[0] != T:
-            raise ValueError(f"moe shapes disagree: x {tuple(x.shape)}, ids {tuple(ids.shape)}, weights "
-                             f"{tuple(weights.shape)}, gate_up {tuple(experts.gate_up.shape)}, "
-                             f"down {tuple(experts.down.shape)}")
+        T, H, E, I = experts.check_call(x, weights, ids)
         if experts.gate_up_scale is None or experts.down_scale is None:
             raise ValueError("the small-T MoE path needs fp8 experts with gate_up_scale and down_scale")
         if x.dtype != torch.bfloat16:

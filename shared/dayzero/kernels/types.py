@@ -44,3 +44,14 @@ class ExpertWeights:
     @property
     def num_experts(self) -> int:
         return self.gate_up.shape[0]
+
+    def check_call(self, x: torch.Tensor, weights: torch.Tensor, ids: torch.Tensor) -> tuple[int, int, int, int]:
+        """(T, H, E, I) of a call with x [T, H], routing weights / ids [T, k]; ValueError if they disagree."""
+        T, H = x.shape
+        E, two_i, h_in = self.gate_up.shape
+        I = two_i // 2
+        if h_in != H or self.down.shape != (E, H, I) or weights.shape != ids.shape or ids.shape[0] != T:
+            raise ValueError(f"moe shapes disagree: x {tuple(x.shape)}, ids {tuple(ids.shape)}, weights "
+                             f"{tuple(weights.shape)}, gate_up {tuple(self.gate_up.shape)}, "
+                             f"down {tuple(self.down.shape)}")
+        return T, H, E, I
