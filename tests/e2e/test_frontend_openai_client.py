@@ -248,6 +248,25 @@ def test_text_completion(s, mode):
         assert usage.completion_tokens == len(script)
 
 
+@pytest.mark.parametrize("prompt", ["Once upon a time", "word " * 300], ids=["decode-only", "disaggregated"])
+@pytest.mark.parametrize("mode", MODES, ids=MODE_IDS)
+def test_logit_bias_and_penalties_reach_the_sampler(s, mode, prompt):
+    """logit_bias +100 on one token at temperature 0 makes every generated token that one (on the
+    real stack: through the frontend and the router to the decode worker's sampler, and for the
+    long prompt (over the 256-token threshold) to the prefill worker's first token as well); the
+    penalties travel with it."""
+    forced = s.ids(" frontend")[0]
+    s.router.script({"chunks": [[forced] * 5]})
+    choices, usage = ask_completion(s.frontend.base_url, mode, model=fh.MODEL_NAME, prompt=prompt,
+                                    max_tokens=5, temperature=0, logit_bias={str(forced): 100},
+                                    presence_penalty=0.5, frequency_penalty=0.25)
+    assert choices[0][1] == s.enc.decode([forced] * 5) and usage.completion_tokens == 5
+    if s.router.scripted:
+        (rec,) = s.router.requests()
+        assert rec["sampling"]["logit_bias"] == {str(forced): 100.0}
+        assert rec["sampling"]["presence_penalty"] == 0.5 and rec["sampling"]["frequency_penalty"] == 0.25
+
+
 def test_text_completion_from_token_ids(s):
     prompt = s.ids("<|start|>user<|message|>hi<|end|><|start|>assistant")
     s.router.script({"chunks": [s.ids("hello")]})

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+import re
 
 import pytest
 import torch
@@ -134,3 +135,52 @@ def test_stop_ids_and_max_tokens_in_engine(make_ckpt):
     sp = SamplingParams(max_tokens=6, temperature=1.0, seed=123, ignore_eos=True)
     assert eng.generate([prompt], sp) == eng.generate([prompt], sp)
     assert eng.kv.num_used_blocks == 0
+
+
+def test_logit_bias_forces_and_bans_tokens_greedy_and_sampled():
+    from dayzero.runtime.sampling import SampleRequest, Sampler, SamplingParams
+
+    g = torch.Generator().manual_seed(0)
+    logits = torch.randn(3, 50, generator=g)
+    top = int(logits[0].argmax())
+    sampler = Sampler()
+    force = SamplingParams(logit_bias=((7, 100.0),))
+    ban = SamplingParams(logit_bias=((top, -100.0),))
+    hot = SamplingParams(temperature=1.0, logit_bias=((7, 100.0),))
+    out = sampler(logits, [SampleRequest(force, 1, 0), SampleRequest(ban, 1, 0), SampleRequest(hot, 3, 0)])
+    assert out[0].token_id == 7 and out[2].token_id == 7
+    assert out[1].token_id != top and out[1].token_id == int(logits[1].masked_fill(
+        torch.arange(50) == top, float("-inf")).argmax())
+    # logprobs stay those of the raw distribution
+    lp = sampler(logits[:1], [SampleRequest(SamplingParams(logprobs=0, logit_bias=((7, 100.0),)), 1, 0)])[0]
+    assert lp.logprob == pytest.approx(float(torch.log_softmax(logits[0], -1)[7]))
+
+
+def test_presence_and_frequency_penalties_follow_the_generated_tokens():
+    from dayzero.runtime.sampling import SampleRequest, Sampler, SamplingParams
+
+    logits = torch.zeros(1, 10)
+    logits[0, 3], logits[0, 5] = 1.0, 0.9
+    sampler = Sampler()
+    assert sampler(logits, [SampleRequest(SamplingParams(presence_penalty=0.2), 1, 1, [3])])[0].token_id == 5
+    assert sampler(logits, [SampleRequest(SamplingParams(presence_penalty=0.05), 1, 1, [3])])[0].token_id == 3
+    # frequency counts occurrences: 3 seen twice at 0.06 each drops 0.12 below 5
+    assert sampler(logits, [SampleRequest(SamplingParams(frequency_penalty=0.06), 1, 2, [3, 3])])[0].token_id == 5
+    assert sampler(logits, [SampleRequest(SamplingParams(frequency_penalty=0.06), 1, 1, [3])])[0].token_id == 3
+    # a negative penalty favours repeats
+    assert sampler(logits, [SampleRequest(SamplingParams(presence_penalty=-0.5), 1, 1, [5])])[0].token_id == 5
+
+
+@pytest.mark.parametrize("params, fragment", [
+    (dict(presence_penalty=2.5), "presence_penalty must be in [-2, 2]"),
+    (dict(frequency_penalty=-2.1), "frequency_penalty must be in [-2, 2]"),
+    (dict(logit_bias=((3, 101.0),)), "logit_bias maps token ids"),
+    (dict(logit_bias=((-1, 1.0),)), "logit_bias maps token ids"),
+])
+def test_penalty_and_bias_validation(params, fragment):
+    from dayzero.runtime.sampling import SamplingParams
+
+    with pytest.raises(ValueError, match=re.escape(fragment)):
+        SamplingParams(**params).validate()
+    with pytest.raises(ValueError, match="outside the vocabulary"):
+        SamplingParams(logit_bias=((50, 1.0),)).check_vocab(50)

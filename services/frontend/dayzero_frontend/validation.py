@@ -104,11 +104,27 @@ def check_ranges(req: SamplingFields) -> None:
     out_of("n", req.n, 1, MAX_N)
     if req.top_k is not None and req.top_k < -1:
         raise bad_request(f"top_k must be -1 (off) or >= 0, got {req.top_k}", param="top_k")
-    for name in ("frequency_penalty", "presence_penalty"):
-        if getattr(req, name):
-            raise bad_request(f"{name} is not supported yet", param=name)
-    if req.logit_bias:
-        raise bad_request("logit_bias is not supported yet", param="logit_bias")
+    out_of("frequency_penalty", req.frequency_penalty, -2.0, 2.0)
+    out_of("presence_penalty", req.presence_penalty, -2.0, 2.0)
+    logit_bias(req)
+
+
+def logit_bias(req: SamplingFields) -> dict[int, float]:
+    """``logit_bias`` as {token id: bias}: keys are token ids written as strings, biases in [-100, 100]."""
+    out: dict[int, float] = {}
+    for key, value in (req.logit_bias or {}).items():
+        try:
+            token = int(key)
+        except (TypeError, ValueError):
+            token = -1
+        if token < 0 or str(key).strip() != str(token):
+            raise bad_request(f"logit_bias keys must be token ids (non-negative integers), got {key!r}",
+                              param="logit_bias")
+        if not -100 <= value <= 100:
+            raise bad_request(f"logit_bias values must be between -100 and 100, got {value} for token {token}",
+                              param="logit_bias")
+        out[token] = float(value)
+    return out
 
 
 def max_new_tokens(requested: int | None, prompt_len: int, limits: Limits, param: str) -> int:
@@ -142,6 +158,9 @@ def sampling_params(req: SamplingFields, max_tokens: int, stop_ids: list[int], i
         logprobs=logprobs,
         top_logprobs=top_logprobs,
         ignore_eos=req.ignore_eos,
+        presence_penalty=req.presence_penalty or 0.0,
+        frequency_penalty=req.frequency_penalty or 0.0,
+        logit_bias=logit_bias(req),
     )
     if req.seed is not None:
         params.seed = (req.seed + index) & SEED_MASK

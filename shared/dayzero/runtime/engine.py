@@ -238,6 +238,7 @@ class Engine:
                      allow_lease: bool = False) -> Request:
         params = params or SamplingParams()
         params.validate()
+        params.check_vocab(self.cfg.vocab_size)
         if not isinstance(request_id, str) or not request_id:
             raise ValueError("request id must be a non-empty string")
         if request_id in self.requests or (request_id in self.leases and not allow_lease):
@@ -277,7 +278,8 @@ class Engine:
                 reqs.append(req)
         if not rows:
             return []
-        samples = self.sampler(torch.cat(rows), [SampleRequest(r.params, r.seed, len(r.output_ids)) for r in reqs])
+        samples = self.sampler(torch.cat(rows), [SampleRequest(r.params, r.seed, len(r.output_ids), r.output_ids)
+                                                 for r in reqs])
         outputs = []
         for req, s in zip(reqs, samples):
             req.output_ids.append(s.token_id)

@@ -19,7 +19,9 @@ def sampling_from_proto(p: common_pb2.SamplingParams) -> SamplingParams:
         max_tokens=int(p.max_tokens), temperature=float(p.temperature),
         top_p=float(p.top_p) if 0 < p.top_p < 1 else 1.0, top_k=int(p.top_k), min_p=float(p.min_p),
         seed=int(p.seed) if p.HasField("seed") else None, stop_token_ids=tuple(int(t) for t in p.stop_token_ids),
-        ignore_eos=bool(p.ignore_eos), logprobs=int(p.top_logprobs) if p.logprobs else None)
+        ignore_eos=bool(p.ignore_eos), logprobs=int(p.top_logprobs) if p.logprobs else None,
+        presence_penalty=float(p.presence_penalty), frequency_penalty=float(p.frequency_penalty),
+        logit_bias=tuple(sorted((int(t), float(b)) for t, b in p.logit_bias.items())))
     if p.top_p < 0 or p.top_p > 1:
         raise ValueError(f"invalid sampling parameters: top_p must be in [0, 1], got {p.top_p}")
     params.validate()
