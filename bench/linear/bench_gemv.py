@@ -16,38 +16,13 @@ import sys
 import torch
 
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "moe"))
-from common import COPY_TBS, Results, random_linear  # noqa: E402
+from common import COPY_TBS, Results, graph_us, random_linear  # noqa: E402
 
 from dayzero.kernels.triton_gemv import GemvConfig, choose_split, gemv_fp8  # noqa: E402
 from dayzero.kernels.triton_linear import _split_for, gemm_w8a16_triton  # noqa: E402
 
 SHAPES = {"q": (4096, 2880), "kv": (512, 2880), "o": (2880, 4096), "lm_head": (201088, 2880)}
 L2_BYTES = 60 << 20
-
-
-def graph_us(fn, copies: int, reps: int = 20) -> float:
-    """Median microseconds per call: a graph of ``copies`` calls (one per weight copy), replayed."""
-    s = torch.cuda.Stream()
-    with torch.cuda.stream(s):
-        for i in range(copies):
-            fn(i)
-    torch.cuda.synchronize()
-    g = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(g):
-        for i in range(copies):
-            fn(i)
-    g.replay()
-    torch.cuda.synchronize()
-    times = []
-    for _ in range(reps):
-        a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        a.record()
-        g.replay()
-        b.record()
-        b.synchronize()
-        times.append(a.elapsed_time(b) * 1000 / copies)
-    times.sort()
-    return times[len(times) // 2]
 
 
 def run_shape(res: Results, name: str, m_list: list[int], configs: list[GemvConfig]) -> None:
@@ -68,7 +43,7 @@ def run_shape(res: Results, name: str, m_list: list[int], configs: list[GemvConf
         for label, fn in variants:
             try:
                 err = ((fn(0).float() - ref).norm() / ref.norm()).item()
-                us = graph_us(fn, copies)
+                us = graph_us([lambda i=i, fn=fn: fn(i) for i in range(copies)])
                 res.add(shape=name, m=m, n=n, k=k, kernel=label, us=round(us, 2),
                         tbs=round(nbytes / us / 1e6, 3), pct_copy=round(100 * nbytes / us / 1e6 / COPY_TBS, 1),
                         rel_err=round(err, 5))

@@ -23,7 +23,7 @@ import sys
 import torch
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from common import COPY_TBS, Results, median_ms, random_experts  # noqa: E402
+from common import COPY_TBS, Results, graph_us, median_ms, random_experts  # noqa: E402
 
 from dayzero.kernels.triton_moe import MoeRun  # noqa: E402
 from dayzero.kernels.triton_moe_small import MoeSmall, default_tiles  # noqa: E402
@@ -57,28 +57,6 @@ def routings(T: int, E: int, seed: int) -> list[tuple[torch.Tensor, torch.Tensor
         prev = torch.unique(ids)
         first = prev if first is None else first
     return out
-
-
-def graph_us(calls: list, reps: int = 20) -> float:
-    """Median GPU time of one call (us) from a CUDA graph of all the calls, replayed ``reps`` times."""
-    for c in calls:  # compile, warm up
-        c()
-    torch.cuda.synchronize()
-    g = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(g):
-        for c in calls:
-            c()
-    g.replay()
-    torch.cuda.synchronize()
-    t0, t1 = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-    times = []
-    for _ in range(reps):
-        t0.record()
-        g.replay()
-        t1.record()
-        t1.synchronize()
-        times.append(t0.elapsed_time(t1) * 1000.0 / len(calls))
-    return statistics.median(times)
 
 
 def variants(T: int, full: bool) -> dict:

@@ -24,6 +24,33 @@ def median_ms(fn, warmup_ms: int = 25, rep_ms: int = 100) -> float:
     return float(triton.testing.do_bench(fn, warmup=warmup_ms, rep=rep_ms, return_mode="median"))
 
 
+def graph_us(calls: list, reps: int = 20) -> float:
+    """Median GPU time of one call (us) from a CUDA graph of all ``calls`` (warmed up on a side
+    stream first), replayed ``reps`` times."""
+    import statistics
+
+    side = torch.cuda.Stream()
+    with torch.cuda.stream(side):
+        for c in calls:  # compile, warm up
+            c()
+    torch.cuda.synchronize()
+    g = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(g):
+        for c in calls:
+            c()
+    g.replay()
+    torch.cuda.synchronize()
+    t0, t1 = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    times = []
+    for _ in range(reps):
+        t0.record()
+        g.replay()
+        t1.record()
+        t1.synchronize()
+        times.append(t0.elapsed_time(t1) * 1000.0 / len(calls))
+    return statistics.median(times)
+
+
 def run_meta() -> dict:
     """Commit (the carried .devmeta/commit, else git), hash of the kernel sources, GPU, date, versions."""
     import hashlib
