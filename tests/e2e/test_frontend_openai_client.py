@@ -113,6 +113,30 @@ def test_single_tool_call(s, mode):
         assert len(dev) == 1 and "type get_weather" in text_of(dev[0])
 
 
+NAMED = {"type": "function", "function": {"name": "get_weather"}}
+
+
+@pytest.mark.parametrize("choice", [NAMED, "required"], ids=["named", "required-one-tool"])
+@pytest.mark.parametrize("mode", MODES, ids=MODE_IDS)
+def test_forced_tool_call(s, mode, choice):
+    """tool_choice naming a function (or 'required' with one tool): the frontend writes the call's
+    Harmony header into the prompt, the model writes only the arguments, the answer is that call."""
+    s.router.script(s.chunked(f"{CALL}<|call|>"))
+    tools = [WEATHER] if choice == "required" else [WEATHER, {"type": "function", "function": {"name": "get_time"}}]
+    out = ask_chat(s.frontend.base_url, mode, model=fh.MODEL_NAME, messages=USER, tools=tools, tool_choice=choice,
+                   max_tokens=MAX_TOKENS, temperature=0)
+    (c,) = out.choices
+    assert c.tool_calls and c.tool_calls[0][1] == "get_weather", c  # also on the real stack's random model
+    header = s.ids("<|start|>assistant to=functions.get_weather<|channel|>commentary <|constrain|>json<|message|>")
+    if s.router.scripted:
+        prompt = s.router.requests()[-1]["prompt_token_ids"]
+        assert prompt[-len(header):] == header
+        assert c.finish_reason == "tool_calls" and c.content in (None, "")
+        ((call_id, name, args),) = c.tool_calls
+        assert call_id.startswith("call_") and json.loads(args) == json.loads(CALL)
+        assert out.usage.completion_tokens == len(s.ids(f"{CALL}<|call|>"))  # the header is prompt, not output
+
+
 @pytest.mark.parametrize("mode", MODES, ids=MODE_IDS)
 def test_tool_result_turn(s, mode):
     answer = "It is 18C and sunny in Paris."

@@ -17,8 +17,8 @@ from dayzero_frontend.openai_protocol import ChatCompletionRequest, ChatCompleti
 from dayzero_frontend.serving import FirstToken, collect, prime, stream_sse
 from dayzero_frontend.state import FrontendState
 from dayzero_frontend.streaming import ChatAccumulator, ChatChunks
-from dayzero_frontend.validation import (check_model, check_ranges, check_tools, logprob_settings, max_new_tokens,
-                                         sampling_params, stop_strings)
+from dayzero_frontend.validation import (check_model, check_ranges, check_tools, forced_tool, logprob_settings,
+                                         max_new_tokens, sampling_params, stop_strings)
 
 
 log = logging.getLogger("dayzero.frontend")
@@ -39,6 +39,9 @@ async def chat_completions(state: FrontendState, request: Request, req: ChatComp
     stops = stop_strings(req.stop)
     want_logprobs, top_logprobs = logprob_settings(req)
     prompt = state.chat.render_chat(req, tools, dt.datetime.now(dt.timezone.utc).date())
+    forced = forced_tool(req, tools)
+    prefix = state.chat.tool_call_header(forced) if forced else []
+    prompt = prompt + prefix
     requested = req.max_completion_tokens if req.max_completion_tokens is not None else req.max_tokens
     param = "max_completion_tokens" if req.max_completion_tokens is not None else "max_tokens"
     max_tokens = max_new_tokens(requested, len(prompt), state.limits, param)
@@ -50,7 +53,7 @@ async def chat_completions(state: FrontendState, request: Request, req: ChatComp
         sampling = sampling_params(req, max_tokens, state.chat.chat_stop_ids, i, want_logprobs, top_logprobs)
         stream = state.router.open(router_pb2.GenerateRequest(
             request_id=f"{request_id}-{i}", prompt_token_ids=prompt, sampling=sampling))
-        runs.append(ChatChoiceRun(i, stream, state.chat.new_parser(names), StopMatcher(stops)))
+        runs.append(ChatChoiceRun(i, stream, state.chat.new_parser(names), StopMatcher(stops), prefix=prefix))
     state.metrics.prompt_tokens.inc(len(prompt))
     first_token = FirstToken(state.metrics, started, "chat")
 

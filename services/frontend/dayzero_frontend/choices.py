@@ -64,12 +64,16 @@ class ChatChoiceRun:
     stops: StopMatcher
     completion_tokens: int = 0
     first_token: bool = False
+    prefix: list[int] = field(default_factory=list)  # tokens the frontend wrote into the prompt's open
+    #                                                  header (a forced tool call): parsed, not counted
 
     async def steps(self) -> AsyncIterator[Step]:
+        pending: list[Event] = [e for tok in self.prefix for e in self.parser.feed(tok)]
         try:
             while True:
                 msg = await self.stream.next()
-                step = Step()
+                step = Step(events=pending)
+                pending = []
                 if msg is None:  # the stream closed without a finish reason
                     self.parser.anomalies.append("missing_finish_reason")
                     yield self._finish(step, "stop")

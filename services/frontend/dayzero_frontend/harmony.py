@@ -50,6 +50,18 @@ class HarmonyChat:
         """A raw completion prompt: special-token text is taken as written (no chat format)."""
         return self.enc.encode(text, allowed_special="all")
 
+    def tool_call_header(self, name: str) -> list[int]:
+        """The tokens that continue a prompt ending in ``<|start|>assistant`` into a call of
+        ``functions.NAME`` with JSON arguments, up to and including ``<|message|>`` (rendered by
+        openai-harmony from such a message, so the format is the library's)."""
+        msg = (Message.from_role_and_content(Role.ASSISTANT, "{}").with_channel("commentary")
+               .with_recipient(f"functions.{name}").with_content_type("<|constrain|>json"))
+        toks = self.enc.render(msg)
+        role = [self.ids.start, *self.enc.encode("assistant", disallowed_special=())]
+        if toks[:len(role)] != role or self.ids.message not in toks:
+            raise RuntimeError(f"unexpected Harmony rendering of a tool call: {self.enc.decode(toks)!r}")
+        return toks[len(role):toks.index(self.ids.message) + 1]
+
     def render_chat(self, req: ChatCompletionRequest, tools: list[FunctionDef], today: dt.date) -> list[int]:
         messages = self.chat_messages(req, tools, today)
         try:

@@ -66,22 +66,37 @@ def check_tools(req: ChatCompletionRequest) -> list[FunctionDef]:
         if params is not None and params.get("type", "object") != "object":
             raise bad_request(f"tools[{i}].function.parameters must be a JSON Schema of type 'object'",
                               param=f"tools[{i}].function.parameters")
+    check_tool_choice(req, names)
+    if req.response_format and req.response_format.get("type", "text") != "text":
+        raise bad_request("response_format other than 'text' is not supported yet (it needs constrained decoding)",
+                          param="response_format")
+    return [] if req.tool_choice == "none" else [t.function for t in tools]
+
+
+def check_tool_choice(req: ChatCompletionRequest, names: set[str]) -> None:
     choice = req.tool_choice
     if isinstance(choice, NamedToolChoice):
         if choice.function.name not in names:
             raise bad_request(f"tool_choice names {choice.function.name!r}, which is not in tools", param="tool_choice")
-        raise bad_request("tool_choice naming a function is not supported yet (it needs constrained decoding);"
-                          " use 'auto' or 'none'", param="tool_choice")
+        return
     if choice not in (None, "auto", "none", "required"):
         raise bad_request(f"tool_choice must be 'none', 'auto', 'required' or a named function, got {choice!r}",
                           param="tool_choice")
-    if choice == "required":
-        raise bad_request("tool_choice 'required' is not supported yet (it needs constrained decoding);"
-                          " use 'auto' or 'none'", param="tool_choice")
-    if req.response_format and req.response_format.get("type", "text") != "text":
-        raise bad_request("response_format other than 'text' is not supported yet (it needs constrained decoding)",
-                          param="response_format")
-    return [] if choice == "none" else [t.function for t in tools]
+    if choice == "required" and len(names) != 1:
+        raise bad_request("tool_choice 'required' needs exactly one tool here (choosing among several needs "
+                          "constrained decoding, which is not supported yet); name the function instead",
+                          param="tool_choice")
+
+
+def forced_tool(req: ChatCompletionRequest, tools: list[FunctionDef]) -> str | None:
+    """The function the answer must call: a named tool_choice, or 'required' with a single tool.
+    The frontend then writes that call's Harmony header itself and the model writes the arguments."""
+    choice = req.tool_choice
+    if isinstance(choice, NamedToolChoice):
+        return choice.function.name
+    if choice == "required" and len(tools) == 1:
+        return tools[0].name
+    return None
 
 
 def stop_strings(stop: str | list[str] | None) -> list[str]:
