@@ -138,6 +138,24 @@ def test_forced_tool_call(s, mode, choice):
 
 
 @pytest.mark.parametrize("mode", MODES, ids=MODE_IDS)
+def test_required_tool_call_among_several(s, mode):
+    """tool_choice 'required' with several tools: the sampler may only start the answer with one of
+    their call headers (on the real stack the random model must pick one of the two names)."""
+    s.router.script(s.chunked(f"<|channel|>commentary to=functions.get_weather <|constrain|>json<|message|>"
+                              f"{CALL}<|call|>"))
+    tools = [WEATHER, {"type": "function", "function": {"name": "get_time"}}]
+    out = ask_chat(s.frontend.base_url, mode, model=fh.MODEL_NAME, messages=USER, tools=tools,
+                   tool_choice="required", max_tokens=MAX_TOKENS, temperature=1.0, seed=5)
+    (c,) = out.choices
+    assert c.tool_calls and c.tool_calls[0][1] in ("get_weather", "get_time"), c
+    if s.router.scripted:
+        (rec,) = s.router.requests()
+        prefixes = [[int(t) for t in p["token_ids"]] for p in rec["sampling"]["allowed_prefixes"]]
+        header = s.ids("<|start|>assistant to=functions.get_time<|channel|>commentary <|constrain|>json<|message|>")
+        assert len(prefixes) == 2 and header[2:] in prefixes
+
+
+@pytest.mark.parametrize("mode", MODES, ids=MODE_IDS)
 def test_tool_result_turn(s, mode):
     answer = "It is 18C and sunny in Paris."
     s.router.script(s.chunked(f"<|channel|>final<|message|>{answer}<|return|>"))

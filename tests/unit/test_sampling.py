@@ -184,3 +184,26 @@ def test_penalty_and_bias_validation(params, fragment):
         SamplingParams(**params).validate()
     with pytest.raises(ValueError, match="outside the vocabulary"):
         SamplingParams(logit_bias=((50, 1.0),)).check_vocab(50)
+
+
+def test_allowed_prefixes_steer_the_start_of_the_output_then_let_go():
+    from dayzero.runtime.sampling import SampleRequest, Sampler, SamplingParams
+
+    g = torch.Generator().manual_seed(1)
+    logits = torch.randn(1, 40, generator=g)
+    favourite = int(logits[0].argmax())
+    seqs = ((5, 6, 7), (5, 9), (11,))
+    sampler = Sampler()
+    for temp, seed in ((0.0, 0), (1.0, 3), (1.0, 4)):
+        params = SamplingParams(temperature=temp, allowed_prefixes=seqs)
+        out: list[int] = []
+        for step in range(4):
+            out.append(sampler(logits, [SampleRequest(params, seed, step, list(out))])[0].token_id)
+        starts = [seq for seq in seqs if tuple(out[:len(seq)]) == seq]
+        assert starts, (temp, out)  # the output starts with one of the sequences
+        if temp == 0 and len(starts[0]) < 4:
+            assert out[len(starts[0])] == favourite  # after it, the raw argmax again
+    # only one way to continue after 5, 6
+    assert Sampler()(logits, [SampleRequest(SamplingParams(allowed_prefixes=seqs), 0, 2, [5, 6])])[0].token_id == 7
+    with pytest.raises(ValueError, match="allowed_prefixes"):
+        SamplingParams(allowed_prefixes=((),)).validate()

@@ -42,6 +42,9 @@ async def chat_completions(state: FrontendState, request: Request, req: ChatComp
     forced = forced_tool(req, tools)
     prefix = state.chat.tool_call_header(forced) if forced else []
     prompt = prompt + prefix
+    # 'required' among several tools: the output must start with one of their call headers
+    choose = [state.chat.tool_call_header(t.name) for t in tools] if req.tool_choice == "required" and not forced \
+        else None
     requested = req.max_completion_tokens if req.max_completion_tokens is not None else req.max_tokens
     param = "max_completion_tokens" if req.max_completion_tokens is not None else "max_tokens"
     max_tokens = max_new_tokens(requested, len(prompt), state.limits, param)
@@ -50,7 +53,8 @@ async def chat_completions(state: FrontendState, request: Request, req: ChatComp
     names = frozenset(t.name for t in tools)
     runs = []
     for i in range(req.n):
-        sampling = sampling_params(req, max_tokens, state.chat.chat_stop_ids, i, want_logprobs, top_logprobs)
+        sampling = sampling_params(req, max_tokens, state.chat.chat_stop_ids, i, want_logprobs, top_logprobs,
+                                   choose)
         stream = state.router.open(router_pb2.GenerateRequest(
             request_id=f"{request_id}-{i}", prompt_token_ids=prompt, sampling=sampling))
         runs.append(ChatChoiceRun(i, stream, state.chat.new_parser(names), StopMatcher(stops), prefix=prefix))

@@ -82,15 +82,14 @@ def check_tool_choice(req: ChatCompletionRequest, names: set[str]) -> None:
     if choice not in (None, "auto", "none", "required"):
         raise bad_request(f"tool_choice must be 'none', 'auto', 'required' or a named function, got {choice!r}",
                           param="tool_choice")
-    if choice == "required" and len(names) != 1:
-        raise bad_request("tool_choice 'required' needs exactly one tool here (choosing among several needs "
-                          "constrained decoding, which is not supported yet); name the function instead",
-                          param="tool_choice")
+    if choice == "required" and not names:
+        raise bad_request("tool_choice 'required' needs at least one tool in tools", param="tool_choice")
 
 
 def forced_tool(req: ChatCompletionRequest, tools: list[FunctionDef]) -> str | None:
     """The function the answer must call: a named tool_choice, or 'required' with a single tool.
-    The frontend then writes that call's Harmony header itself and the model writes the arguments."""
+    The frontend then writes that call's Harmony header itself and the model writes the arguments.
+    ('required' with several tools constrains the output to start with one of their call headers.)"""
     choice = req.tool_choice
     if isinstance(choice, NamedToolChoice):
         return choice.function.name
@@ -161,7 +160,8 @@ def max_new_tokens(requested: int | None, prompt_len: int, limits: Limits, param
 
 
 def sampling_params(req: SamplingFields, max_tokens: int, stop_ids: list[int], index: int,
-                    logprobs: bool, top_logprobs: int) -> common_pb2.SamplingParams:
+                    logprobs: bool, top_logprobs: int,
+                    allowed_prefixes: list[list[int]] | None = None) -> common_pb2.SamplingParams:
     """Downstream sampling parameters of choice ``index`` (seeds are offset per choice)."""
     params = common_pb2.SamplingParams(
         temperature=1.0 if req.temperature is None else req.temperature,
@@ -176,6 +176,7 @@ def sampling_params(req: SamplingFields, max_tokens: int, stop_ids: list[int], i
         presence_penalty=req.presence_penalty or 0.0,
         frequency_penalty=req.frequency_penalty or 0.0,
         logit_bias=logit_bias(req),
+        allowed_prefixes=[common_pb2.TokenSequence(token_ids=seq) for seq in allowed_prefixes or []],
     )
     if req.seed is not None:
         params.seed = (req.seed + index) & SEED_MASK
