@@ -16,20 +16,7 @@ mkdir -p "$OUT"
 log="$OUT/engine.log"
 steps=",${ENGINE_STEPS:-tests,prefill20,decode20,prefill120,decode120},"
 rc=0
-step() {  # step NAME TIMEOUT_S CMD...
-  local name=$1 t=$2; shift 2
-  case "$steps" in *",$name,"*) ;; *) return 0 ;; esac
-  if [ -n "${DAYZERO_DEADLINE:-}" ]; then
-    local left=$(( DAYZERO_DEADLINE - $(date +%s) ))
-    [ "$left" -lt "$t" ] && t=$left
-    if [ "$t" -le 5 ]; then echo "=== $name skipped (deadline)" | tee -a "$log"; rc=1; return 0; fi
-  fi
-  echo "=== $name ($(date -u +%H:%M:%S), cap ${t}s)" | tee -a "$log"
-  timeout "$t" "$@" 2>&1 | tee -a "$log"
-  local r=${PIPESTATUS[0]}
-  echo "=== $name rc=$r" | tee -a "$log"
-  [ "$r" = 0 ] || rc=1
-}
+source bench/steps.sh
 step tests 150 python3 -m pytest -q -p no:cacheprovider --noconftest -o addopts="" --junitxml="$OUT/engine-tests.xml" \
   tests/kernels/test_norm_rope_gpu.py tests/kernels/test_cuda_graph_gpu.py
 step prefill20 60 python3 -m dayzero bench prefill --model 20b --tokens 8192 --repeat 5 --breakdown \

@@ -14,15 +14,7 @@ mkdir -p "$OUT"
 log="$OUT/moe.log"
 steps=",${MOE_STEPS:-tests,kernels,prefill20,decode20,e2e,prefill120,decode120},"
 rc=0
-step() {  # step NAME TIMEOUT_S CMD...
-  local name=$1 t=$2; shift 2
-  case "$steps" in *",$name,"*) ;; *) return 0 ;; esac
-  echo "=== $name ($(date -u +%H:%M:%S))" | tee -a "$log"
-  timeout "$t" "$@" 2>&1 | tee -a "$log"
-  local r=${PIPESTATUS[0]}
-  echo "=== $name rc=$r" | tee -a "$log"
-  [ "$r" = 0 ] || rc=1
-}
+source bench/steps.sh
 # MOE_TEST_ARGS: pytest selection for the tests step (default: both files, every test)
 step tests "${MOE_TEST_TIMEOUT:-130}" python3 -m pytest -q -p no:cacheprovider --noconftest -o addopts="" \
   ${MOE_TEST_ARGS:-tests/kernels/test_linear_gpu.py tests/kernels/test_moe_gpu.py}

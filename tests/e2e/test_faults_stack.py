@@ -40,30 +40,13 @@ def stack(make_ckpt, tmp_path_factory):
     s.stop()
 
 
-@pytest.fixture(scope="module")
-def router(stack):
-    with sh.router_stub(stack) as stub:
-        yield stub
-
-
 def _request(rid: str, n: int, max_tokens: int) -> router_pb2.GenerateRequest:
     return router_pb2.GenerateRequest(request_id=rid, prompt_token_ids=sh.random_prompt(n, hash(rid) & 0xFFFF),
                                       sampling=common_pb2.SamplingParams(max_tokens=max_tokens, ignore_eos=True))
 
 
-def _wait(cond, timeout: float, what: str):
-    deadline = time.monotonic() + timeout
-    while True:
-        value = cond()
-        if value:
-            return value
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out after {timeout}s waiting for {what}")
-        time.sleep(0.03)
-
-
 def _free(stack, names: list[str], timeout: float = 20.0) -> None:
-    _wait(lambda: sh.all_free(sh.worker_load(stack, n) for n in names), timeout, f"0 KV blocks held on {names}")
+    sh.wait_until(lambda: sh.all_free(sh.worker_load(stack, n) for n in names), timeout, f"0 KV blocks held on {names}")
 
 
 def _router_workers(stack) -> dict:
@@ -74,7 +57,7 @@ def _router_workers(stack) -> dict:
 
 def _wait_router_sees(stack, name: str, timeout: float = 30.0) -> None:
     address = f"127.0.0.1:{stack.workers[name].grpc_port}"
-    _wait(lambda: any(w["address"] == address for ws in _router_workers(stack).values() for w in ws),
+    sh.wait_until(lambda: any(w["address"] == address for ws in _router_workers(stack).values() for w in ws),
           timeout, f"the router to route to {name} at {address}")
 
 
@@ -108,7 +91,7 @@ def test_client_disconnect_mid_stream_frees_blocks(stack, router):
 def test_client_disconnect_during_prefill_frees_both_sides(stack, router):
     call = router.Generate(_request("disc-prefill", LONG, max_tokens=8), timeout=120)
     t, box = _in_background(lambda: list(call))
-    _wait(lambda: sh.worker_load(stack, "prefill-0").running_requests == 1, 20, "the prefill to start")
+    sh.wait_until(lambda: sh.worker_load(stack, "prefill-0").running_requests == 1, 20, "the prefill to start")
     assert sh.worker_load(stack, "decode-0").open_leases == 1
     call.cancel()
     t.join(10)
@@ -135,25 +118,31 @@ def test_frontend_stream_disconnect_frees_blocks(stack):
     _free(stack, ["decode-0", "prefill-0"])
 
 
+def _stream_with_fault(stack, seed: int, fault) -> tuple[list[str], float]:
+    """Stream a long completion through the frontend, call ``fault()`` after the third SSE event;
+    returns (the events' data, seconds from the fault to the end of the stream)."""
+    httpx = pytest.importorskip("httpx")
+    body = {"model": "tiny", "prompt": sh.random_prompt(LONG // 4, seed), "max_tokens": 3000, "stream": True,
+            "temperature": 0, "ignore_eos": True}
+    events, t0 = [], None
+    with httpx.Client(base_url=stack.frontend_url, timeout=60) as client:
+        with client.stream("POST", "/v1/completions", json=body) as resp:
+            assert resp.status_code == 200
+            for line in resp.iter_lines():
+                if line.startswith("data: "):
+                    events.append(line[6:])
+                if len(events) == 3 and t0 is None:
+                    t0 = time.monotonic()
+                    fault()
+    return events, time.monotonic() - t0
+
+
 def test_a_frozen_router_ends_the_frontend_stream_with_an_error(stack, router):
     """The router stops answering without closing its connections (SIGSTOP: like a host that
     vanished): the frontend's keepalive notices, and the stream ends with an error event."""
-    httpx = pytest.importorskip("httpx")
-    body = {"model": "tiny", "prompt": sh.random_prompt(LONG // 4, 13), "max_tokens": 3000, "stream": True,
-            "temperature": 0, "ignore_eos": True}
     pid = stack.router.process.pid
-    events, t0 = [], None
     try:
-        with httpx.Client(base_url=stack.frontend_url, timeout=60) as client:
-            with client.stream("POST", "/v1/completions", json=body) as resp:
-                assert resp.status_code == 200
-                for line in resp.iter_lines():
-                    if line.startswith("data: "):
-                        events.append(line[6:])
-                    if len(events) == 3 and t0 is None:
-                        t0 = time.monotonic()
-                        os.kill(pid, signal.SIGSTOP)
-        elapsed = time.monotonic() - t0
+        events, elapsed = _stream_with_fault(stack, 13, lambda: os.kill(pid, signal.SIGSTOP))
     finally:
         os.kill(pid, signal.SIGCONT)
     assert events[-1] == "[DONE]"
@@ -168,7 +157,7 @@ def test_a_frozen_router_ends_the_frontend_stream_with_an_error(stack, router):
 def test_kill_prefill_mid_request_gives_a_clear_error_and_frees_the_lease(stack, router):
     call = router.Generate(_request("kill-prefill", LONG, max_tokens=8), timeout=60)
     t, box = _in_background(lambda: list(call))
-    _wait(lambda: sh.worker_load(stack, "prefill-0").running_requests == 1, 20, "the prefill to start")
+    sh.wait_until(lambda: sh.worker_load(stack, "prefill-0").running_requests == 1, 20, "the prefill to start")
     t0 = time.monotonic()
     stack.workers["prefill-0"].process.kill9()
     t.join(30)
@@ -191,7 +180,7 @@ def test_kill_one_of_two_prefill_workers_the_other_answers_correctly(stack, rout
     _wait_router_sees(stack, "prefill-1")
     call = router.Generate(_request("two-prefills", LONG, 4), timeout=60)
     t, box = _in_background(lambda: list(call))
-    busy = _wait(lambda: [n for n in ("prefill-0", "prefill-1") if sh.worker_load(stack, n).running_requests == 1], 20,
+    busy = sh.wait_until(lambda: [n for n in ("prefill-0", "prefill-1") if sh.worker_load(stack, n).running_requests == 1], 20,
                  "one prefill worker to start")
     stack.workers[busy[0]].process.kill9()
     t.join(60)
@@ -202,28 +191,14 @@ def test_kill_one_of_two_prefill_workers_the_other_answers_correctly(stack, rout
     if busy[0] == "prefill-0":
         stack.add_worker("prefill", "prefill-0", wait=True)
     stack.workers.pop("prefill-1").process.stop()
-    _wait(lambda: {r.worker_id for r in open_registry(stack.registry_for_router).list("prefill")} == {"prefill-0"},
+    sh.wait_until(lambda: {r.worker_id for r in open_registry(stack.registry_for_router).list("prefill")} == {"prefill-0"},
           20, "prefill-1 to leave the registry")
     _wait_router_sees(stack, "prefill-0")
     _free(stack, ["decode-0", "prefill-0"])
 
 
 def test_kill_decode_mid_stream_ends_the_stream_with_an_error(stack, router):
-    httpx = pytest.importorskip("httpx")
-    body = {"model": "tiny", "prompt": sh.random_prompt(LONG // 4, 11), "max_tokens": 3000, "stream": True, "temperature": 0,
-            "ignore_eos": True}
-    events = []
-    t0 = None
-    with httpx.Client(base_url=stack.frontend_url, timeout=60) as client:
-        with client.stream("POST", "/v1/completions", json=body) as resp:
-            assert resp.status_code == 200
-            for line in resp.iter_lines():
-                if line.startswith("data: "):
-                    events.append(line[6:])
-                if len(events) == 3 and t0 is None:
-                    t0 = time.monotonic()
-                    stack.workers["decode-0"].process.kill9()
-    elapsed = time.monotonic() - t0
+    events, elapsed = _stream_with_fault(stack, 11, stack.workers["decode-0"].process.kill9)
     assert events[-1] == "[DONE]"
     error = json.loads(events[-2]).get("error")
     assert error and "decode" in error["message"], events[-2]
@@ -239,7 +214,7 @@ def test_redis_restart_workers_reregister_and_requests_succeed(stack, router):
     registry = open_registry(stack.registry_for_router)
     assert {r.worker_id for r in registry.list()} == {"prefill-0", "decode-0"}
     stack.restart_redis()  # a new, empty redis-server: every record present afterwards was re-written
-    _wait(lambda: {r.worker_id for r in registry.list()} == {"prefill-0", "decode-0"}, 20,
+    sh.wait_until(lambda: {r.worker_id for r in registry.list()} == {"prefill-0", "decode-0"}, 20,
           "both workers to re-register in the new redis-server")
     _wait_router_sees(stack, "prefill-0")
     _wait_router_sees(stack, "decode-0")
@@ -307,7 +282,7 @@ def test_backpressure_when_every_decode_worker_is_full(stack, router):
 def test_decode_with_a_different_block_size_is_refused_naming_the_mismatch(stack, router):
     stack.workers["decode-0"].process.stop()
     stack.add_worker("decode", "decode-bs32", extra=["--block-size", "32"], wait=True)
-    _wait(lambda: [w["worker_id"] for w in _router_workers(stack)["decode"]] == ["decode-bs32"], 20,
+    sh.wait_until(lambda: [w["worker_id"] for w in _router_workers(stack)["decode"]] == ["decode-bs32"], 20,
           "the router to see only the block-size-32 decode worker")
     with pytest.raises(grpc.RpcError) as e:
         list(router.Generate(_request("mismatch", LONG // 4, 3), timeout=60))

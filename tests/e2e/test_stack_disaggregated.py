@@ -37,12 +37,6 @@ def stack(ckpt, tmp_path_factory):
     s.stop()
 
 
-@pytest.fixture(scope="module")
-def router(stack):
-    with sh.router_stub(stack) as stub:
-        yield stub
-
-
 def _generate(router, rid: str, prompt: list[int], max_tokens: int, timeout: float = 120):
     msgs = list(router.Generate(router_pb2.GenerateRequest(
         request_id=rid, prompt_token_ids=prompt,

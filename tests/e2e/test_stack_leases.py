@@ -52,12 +52,6 @@ def stack(make_ckpt, tmp_path_factory):
 
 
 @pytest.fixture(scope="module")
-def router(stack):
-    with sh.router_stub(stack) as stub:
-        yield stub
-
-
-@pytest.fixture(scope="module")
 def decode(stack):
     with sh.worker_channel(stack, "decode-0") as ch:
         yield decode_pb2_grpc.DecodeStub(ch)

@@ -21,6 +21,7 @@ import torch
 import triton
 import triton.language as tl
 
+from .triton_moe_gemm import interpreting
 from .types import BLOCK, LinearWeight
 
 MAX_M = 16          # rows one call serves (the dot's M side is padded to 16)
@@ -149,8 +150,6 @@ def gemv_fp8(x: torch.Tensor, weight: LinearWeight, cfg: GemvConfig | None = Non
     split = choose_split(N, K, cfg)
     ws = _workspace(weight, cfg.bn) if split > 1 else None
     bias = weight.bias
-    from .triton_moe_gemm import interpreting
-
     _gemv_splitk_kernel[(triton.cdiv(N, cfg.bn), split)](
         x, x_scale if x_fp8 else s, w, s, bias if bias is not None else s, out,
         ws.sums if ws else out, ws.tickets if ws else out,

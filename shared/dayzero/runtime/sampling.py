@@ -88,14 +88,11 @@ class SamplingParams:
                 raise ValueError(f"invalid sampling parameters: token id {t} (logit_bias or allowed_prefixes) "
                                  f"is outside the vocabulary ({vocab_size} tokens)")
 
-    @property
-    def adjusts_logits(self) -> bool:
-        return (bool(self.logit_bias) or self.presence_penalty != 0 or self.frequency_penalty != 0
-                or bool(self.allowed_prefixes))
-
     def allowed_next(self, output_ids: Sequence[int]) -> set[int]:
         """Tokens that continue an allowed prefix after ``output_ids`` (empty: no constraint now)."""
         n = len(output_ids)
+        if n >= max((len(seq) for seq in self.allowed_prefixes), default=0):
+            return set()  # past every prefix: no per-token work for the rest of the generation
         head = tuple(output_ids)
         return {seq[n] for seq in self.allowed_prefixes if len(seq) > n and seq[:n] == head}
 
@@ -111,7 +108,14 @@ class SampleRequest:
     params: SamplingParams
     seed: int
     step: int
-    output_ids: Sequence[int] = ()      # tokens generated so far (presence / frequency penalties)
+    output_ids: Sequence[int] = ()      # tokens generated so far (penalties, allowed prefixes)
+
+    @property
+    def adjusts_logits(self) -> bool:
+        """Whether this step changes the row's logits (an allowed prefix only while one can still apply)."""
+        p = self.params
+        return (bool(p.logit_bias) or p.presence_penalty != 0 or p.frequency_penalty != 0
+                or len(self.output_ids) < max((len(seq) for seq in p.allowed_prefixes), default=0))
 
 
 @dataclass
@@ -127,7 +131,7 @@ def adjust_logits(logits: torch.Tensor, reqs: list[SampleRequest]) -> torch.Tens
     V = out.shape[-1]
     for i, r in enumerate(reqs):
         p = r.params
-        if not p.adjusts_logits:
+        if not r.adjusts_logits:
             continue
         if p.logit_bias:
             ids = torch.tensor([t for t, _ in p.logit_bias], device=out.device)
@@ -173,7 +177,7 @@ class Sampler:
         B = logits.shape[0]
         if B != len(reqs):
             raise ValueError(f"{B} logit rows for {len(reqs)} requests")
-        if any(r.params.adjusts_logits for r in reqs):
+        if any(r.adjusts_logits for r in reqs):
             logits = adjust_logits(logits, reqs)
         tokens = torch.empty(B, dtype=torch.int64, device=logits.device)
         greedy = [i for i, r in enumerate(reqs) if r.params.greedy]

@@ -1,0 +1,17 @@
+# Sourced by the areas' run.sh: `step NAME TIMEOUT_S CMD...` runs CMD if NAME is in $steps
+# (",a,b,"), capped at TIMEOUT_S and at $DAYZERO_DEADLINE (epoch seconds) when set, appending its
+# output to $log; a failure or a skip sets rc=1.
+step() {
+  local name=$1 t=$2; shift 2
+  case "$steps" in *",$name,"*) ;; *) return 0 ;; esac
+  if [ -n "${DAYZERO_DEADLINE:-}" ]; then
+    local left=$(( DAYZERO_DEADLINE - $(date +%s) ))
+    [ "$left" -lt "$t" ] && t=$left
+    if [ "$t" -le 5 ]; then echo "=== $name skipped (deadline)" | tee -a "$log"; rc=1; return 0; fi
+  fi
+  echo "=== $name ($(date -u +%H:%M:%S), cap ${t}s)" | tee -a "$log"
+  timeout "$t" "$@" 2>&1 | tee -a "$log"
+  local r=${PIPESTATUS[0]}
+  echo "=== $name rc=$r" | tee -a "$log"
+  [ "$r" = 0 ] || rc=1
+}
