@@ -23,6 +23,8 @@ sys.path.insert(0, str(pathlib.Path(__file__).resolve().parent))
 from attn_common import BS, D, HKV, HQ, bf16_gemm_tflops, copy_bandwidth, graph_time_ms, run_meta  # noqa: E402
 from attn_common import single_sequence, sink_reference_rows, time_ms  # noqa: E402
 
+from bench_decode_small import bench_decode_small  # noqa: E402
+
 from dayzero.kernels.triton_attention import attention, store_kv  # noqa: E402
 from dayzero.kernels.triton_attention_decode import choose_num_splits  # noqa: E402
 from dayzero.kernels.triton_attention_window import window_attention  # noqa: E402
@@ -46,6 +48,9 @@ PREFILL_CFGS = {
     "m128n64w4s3": _pcfg(128, 64, 4, 3, False, False),
     "m64n64w4s3_pack_tma": _pcfg(64, 64, 4, 3, True, True),
     "m128n128w8s3_pack_tma": _pcfg(128, 128, 8, 3, True, True),
+    "m128n64w4s4_tma": _pcfg(128, 64, 4, 4, False, True),
+    "m128n128w8s3_tma": _pcfg(128, 128, 8, 3, False, True),
+    "m128n64w8s3_tma": _pcfg(128, 64, 8, 3, False, True),
 }
 WINDOW_CFGS = {
     "win_r64w4": _wcfg(64, 4, tma=False),
@@ -57,12 +62,14 @@ WINDOW_CFGS = {
 }
 DECODE_CFGS = {
     "n128w4s3": dict(BLOCK_N=128, num_warps=4, num_stages=3),
+    "n128w4s3_pdl": dict(BLOCK_N=128, num_warps=4, num_stages=3, PDL=True),
     "n64w4s3": dict(BLOCK_N=64, num_warps=4, num_stages=3),
-    "n128w4s4": dict(BLOCK_N=128, num_warps=4, num_stages=4),
+    "n64w4s3_pdl": dict(BLOCK_N=64, num_warps=4, num_stages=3, PDL=True),
+    "n256w8s3_pdl": dict(BLOCK_N=256, num_warps=8, num_stages=3, PDL=True),
 }
 WINDOW_DECODE_CFGS = {
     "n64w4s2": dict(BLOCK_N=64, num_warps=4, num_stages=2),
-    "n64w4s3": dict(BLOCK_N=64, num_warps=4, num_stages=3),
+    "n64w4s2_pdl": dict(BLOCK_N=64, num_warps=4, num_stages=2, PDL=True),
 }
 WINDOW = 128
 
@@ -79,7 +86,7 @@ def qkvo_bytes(n: int) -> int:
     return 2 * n * D * (2 * HQ + 2 * HKV)
 
 
-def bench_prefill(sizes, rows, ceil_bw, quick, windows):
+def bench_prefill(sizes, rows, ceil_bw, quick, windows, only=None):
     res = []
     for window, cfgs in ((0, PREFILL_CFGS), (WINDOW, WINDOW_CFGS)):
         if window not in windows:
@@ -91,6 +98,8 @@ def bench_prefill(sizes, rows, ceil_bw, quick, windows):
             args = (c["q"], c["k"], c["v"], c["k_cache"], c["v_cache"], c["block_tables"], c["cu_seqlens_q"],
                     c["cached_lens"], c["sinks"], SCALE, window)
             names = list(cfgs) if (n <= 32768 and (window or not quick)) else [best or next(iter(cfgs))]
+            if only and n <= 32768:  # --prefill-cfgs: the default and the named alternatives
+                names = [nm for nm in cfgs if nm == next(iter(cfgs)) or nm in only]
             for name in names:
                 out = torch.empty_like(c["q"])
                 fn = lambda cfg=cfgs[name]: attention(*args, max_seqlen_q=n, config=cfg, out=out)  # noqa: E731
@@ -255,7 +264,7 @@ def bench_decode(rows, ceil_bw, quick, sweep, only_batches=None):
             splits |= {s for s in wide if s <= triton.cdiv(min(L, window or L), 64)}
         table = WINDOW_DECODE_CFGS if window else DECODE_CFGS
         first = next(iter(table))
-        cfgs = list(table) if not quick else [first]
+        cfgs = list(table) if not quick else [first, first + "_pdl"]
         for name in cfgs:
             for ns in sorted(splits):
                 if name != first and ns != heur:
@@ -311,10 +320,11 @@ def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__)
     ap.add_argument("--out", default=os.environ.get("OUT", "."))
     ap.add_argument("--quick", action="store_true", help="one config per kernel, no 128k")
-    ap.add_argument("--skip", default="", help="comma list of sections to skip: prefill,sdpa,chunked,probe,decode,store")
+    ap.add_argument("--skip", default="", help="comma list of sections to skip: prefill,sdpa,chunked,probe,decode1,decode,store")
     ap.add_argument("--windows", default="0,128", help="prefill/chunked rows to run: 0 (full causal), 128")
     ap.add_argument("--decode-sweep", action="store_true", help="split counts 1..128 at B <= 16")
     ap.add_argument("--decode-batches", default="", help="comma list: only these decode batch sizes")
+    ap.add_argument("--prefill-cfgs", default="", help="comma list: prefill/window configs to time besides the default")
     a = ap.parse_args()
     skip = set(filter(None, a.skip.split(",")))
     torch.backends.cuda.matmul.allow_tf32 = False
@@ -325,9 +335,11 @@ def main() -> int:
     sizes = [8192, 32768] if a.quick else [8192, 32768, 131072]
     results = []
     windows = {int(w) for w in a.windows.split(",") if w}
-    sections = [("prefill", lambda: bench_prefill(sizes, rows, bw, a.quick, windows)),
+    only = set(filter(None, a.prefill_cfgs.split(",")))
+    sections = [("prefill", lambda: bench_prefill(sizes, rows, bw, a.quick, windows, only)),
                 ("sdpa", lambda: bench_sdpa(sizes, rows)), ("chunked", lambda: bench_chunked(rows, windows)),
                 ("probe", lambda: bench_window_probe(rows)),
+                ("decode1", lambda: bench_decode_small(rows, bw)),
                 ("decode", lambda: bench_decode(rows, bw, a.quick, a.decode_sweep,
                                                 {int(b) for b in a.decode_batches.split(",") if b})),
                 ("store", lambda: bench_store(rows, bw))]

@@ -109,6 +109,24 @@ def test_decode_split_kv(window, num_splits):
            max_seqlen_q=1, num_splits=num_splits)
 
 
+DECODE_VARIANTS = {  # the decode configs the benchmark may pick (PDL: programmatic dependent launch)
+    "pdl": dict(PDL=True),
+    "n64_pdl": dict(BLOCK_N=64, PDL=True),
+    "n256w8_pdl": dict(BLOCK_N=256, num_warps=8, PDL=True),
+}
+
+
+@pytest.mark.parametrize("variant", list(DECODE_VARIANTS))
+@pytest.mark.parametrize("window", [0, 128])
+def test_decode_variants(variant, window):
+    cached = [0, 1, 16, 17, 129, 1000, 5000, 40000]
+    q_lens = [1] * len(cached)
+    q_lens[2] = 0
+    case = make_case(q_lens, cached, window=window, sinks="mixed", seed=51 + window)
+    for ns in (1, 3, 64, 132):
+        _check(case, max_seqlen_q=1, num_splits=ns, config=DECODE_VARIANTS[variant])
+
+
 @pytest.mark.parametrize("sinks", ["neg", "large"])
 def test_decode_sink_counted_once(sinks):
     # extreme sinks make a doubled or missing sink term obvious at any split count
@@ -140,25 +158,38 @@ def test_long_sequences_real_shapes():
     _check(make_case([1, 1], [32768, 9000], sinks="normal", seed=9), max_seqlen_q=1)
 
 
-def test_decode_cuda_graph_replay():
-    """Fixed shapes + explicit plan: capture once, then change lengths and data in place and replay."""
+@pytest.mark.parametrize("pdl", [False, True])
+def test_decode_cuda_graph_replay(pdl):
+    """Fixed shapes + explicit plan: capture once, then change lengths and data in place and replay.
+    Three calls per graph, each reading the previous one's output as its q (with PDL, a kernel may
+    launch before its predecessor ends: it must still see that predecessor's writes)."""
     from dayzero.kernels.triton_attention import attention
 
     case = make_case([1] * 5, [2000, 10, 500, 1, 1500], sinks="mixed", seed=21, extra_cols=8, poison=False)
-    out = torch.empty_like(case.q)
-    kw = dict(max_seqlen_q=1, num_splits=8, out=out)
-    attention(*case.args(), **kw)  # compile outside capture
+    outs = [torch.empty_like(case.q) for _ in range(3)]
+    args = list(case.args())
+
+    def chain():
+        for i, o in enumerate(outs):
+            args[0] = case.q if i == 0 else outs[i - 1]
+            attention(*args, max_seqlen_q=1, num_splits=8, out=o, config=dict(PDL=pdl))
+
+    chain()  # compile outside capture
     torch.cuda.synchronize()
     graph = torch.cuda.CUDAGraph()
     with torch.cuda.graph(graph):
-        attention(*case.args(), **kw)
+        chain()
+    out = outs[-1]
     for step in range(3):
         case.cached_lens.add_(7 * step)
         case.q.copy_(torch.randn_like(case.q))
-        out.fill_(float("nan"))
+        for o in outs:
+            o.fill_(float("nan"))
         graph.replay()
         torch.cuda.synchronize()
-        ref = ref_ops.attention(*case.args())
+        ref = case.q
+        for _ in outs:
+            ref = ref_ops.attention(ref, *case.args()[1:])
         assert not out.isnan().any()
         assert max(seq_errors(out, ref, case.cu_seqlens_q)) < TOL
 

@@ -9,6 +9,11 @@ side of the tensor-core product, padded to 16), so each cached K/V byte is read 
     the splits, then adds the new key and the sink (the sink exactly once), then writes.
 Split boundaries are computed on the device from ``cached_lens`` (the same ``num_splits`` for every
 sequence), so a launch needs no host sync and has a fixed shape per batch size: CUDA-graph safe.
+``PDL`` (config): both kernels are launched with programmatic dependent launch. The split kernel
+waits for its predecessor's grid (``gdc_wait``) before reading anything, then lets the combine
+launch; the combine reads its inputs, waits for the split kernel, then reads the partials. So the
+launch of each kernel overlaps the previous one's tail; every read of a predecessor's output still
+comes after a wait.
 """
 
 from __future__ import annotations
@@ -16,8 +21,10 @@ from __future__ import annotations
 import torch
 import triton
 import triton.language as tl
+from triton.language.extra.cuda import gdc_launch_dependents, gdc_wait
 
 from .triton_attention_prefill import LOG2E
+from .triton_moe_gemm import interpreting
 
 
 @triton.jit
@@ -29,7 +36,10 @@ def _decode_split_kernel(q_ptr, k_ptr, v_ptr, kc_ptr, vc_ptr, bt_ptr, cu_ptr, cl
                          qk_scale, window, num_splits,
                          GROUP: tl.constexpr, G_P2: tl.constexpr, BS: tl.constexpr,
                          HEAD_D: tl.constexpr, BLOCK_N: tl.constexpr, HAS_WINDOW: tl.constexpr,
-                         SINGLE: tl.constexpr):
+                         SINGLE: tl.constexpr, PDL: tl.constexpr):
+    if PDL:  # nothing is read before the previous grid is done; then the combine may launch
+        gdc_wait()
+        gdc_launch_dependents()
     s = tl.program_id(0)
     hkv = tl.program_id(1)
     b = tl.program_id(2)
@@ -107,7 +117,7 @@ def _decode_split_kernel(q_ptr, k_ptr, v_ptr, kc_ptr, vc_ptr, bt_ptr, cu_ptr, cl
 def _combine_kernel(q_ptr, k_ptr, v_ptr, cu_ptr, sink_ptr, o_ptr, mp_ptr, lp_ptr, op_ptr,
                     stride_qt, stride_qh, stride_kt, stride_kh, stride_vt, stride_vh,
                     stride_ot, stride_oh, qk_scale, num_splits,
-                    GROUP: tl.constexpr, HEAD_D: tl.constexpr, S_P2: tl.constexpr):
+                    GROUP: tl.constexpr, HEAD_D: tl.constexpr, S_P2: tl.constexpr, PDL: tl.constexpr):
     h = tl.program_id(0)
     b = tl.program_id(1)
     q_row = tl.load(cu_ptr + b)
@@ -118,15 +128,18 @@ def _combine_kernel(q_ptr, k_ptr, v_ptr, cu_ptr, sink_ptr, o_ptr, mp_ptr, lp_ptr
     offs_d = tl.arange(0, HEAD_D)
     s_ok = offs_s < num_splits
     part = (b * tl.num_programs(0) + h).to(tl.int64) * num_splits + offs_s          # [S]
-    m_s = tl.load(mp_ptr + part, mask=s_ok, other=float("-inf"))
-    l_s = tl.load(lp_ptr + part, mask=s_ok, other=0.0)
-    o_s = tl.load(op_ptr + part[:, None] * HEAD_D + offs_d[None, :], mask=s_ok[:, None], other=0.0)
     q_row64 = q_row.to(tl.int64)
     qv = tl.load(q_ptr + q_row64 * stride_qt + h * stride_qh + offs_d).to(tl.float32)
     kn = tl.load(k_ptr + q_row64 * stride_kt + hkv * stride_kh + offs_d).to(tl.float32)
     vn = tl.load(v_ptr + q_row64 * stride_vt + hkv * stride_vh + offs_d).to(tl.float32)
     sn = tl.sum(qv * kn, 0) * qk_scale
     sink = tl.load(sink_ptr + h).to(tl.float32) * 1.4426950408889634
+    if PDL:  # the inputs above predate the split kernel (it waited for them); the partials do not
+        gdc_wait()
+        gdc_launch_dependents()
+    m_s = tl.load(mp_ptr + part, mask=s_ok, other=float("-inf"))
+    l_s = tl.load(lp_ptr + part, mask=s_ok, other=0.0)
+    o_s = tl.load(op_ptr + part[:, None] * HEAD_D + offs_d[None, :], mask=s_ok[:, None], other=0.0)
     m = tl.maximum(tl.maximum(tl.max(m_s, 0), sn), sink)
     w = tl.math.exp2(m_s - m)                                                       # [S]
     pn = tl.math.exp2(sn - m)
@@ -151,42 +164,71 @@ def choose_num_splits(batch: int, num_kv_heads: int, max_kv_len: int, window: in
 
 
 def default_decode_config(head_dim: int, window: int = 0) -> dict:
+    """``PDL``: programmatic dependent launch of both kernels (off until measured on the GPU)."""
     if window > 0:
-        return dict(BLOCK_N=64, num_warps=4, num_stages=2)
-    return dict(BLOCK_N=128, num_warps=4, num_stages=3)
+        return dict(BLOCK_N=64, num_warps=4, num_stages=2, PDL=False)
+    return dict(BLOCK_N=128, num_warps=4, num_stages=3, PDL=False)
 
 
 def decode_attention(q, k, v, k_cache, v_cache, block_tables, cu_seqlens_q, cached_lens, sinks,
                      scale: float, window: int, num_splits: int, out: torch.Tensor,
                      config: dict | None = None) -> torch.Tensor:
     """Launch split-KV decode (every sequence has at most one new token)."""
-    T, Hq, D = q.shape
-    Hkv = k.shape[1]
-    B = cached_lens.shape[0]
-    group = Hq // Hkv
-    cfg = dict(default_decode_config(D, window))
-    cfg.update(config or {})
-    bn = cfg.pop("BLOCK_N")
-    single = num_splits == 1
-    if single:
-        mp = lp = op = out  # unused
-    else:
-        mp = torch.empty((B, Hq, num_splits), device=q.device, dtype=torch.float32)
-        lp = torch.empty_like(mp)
-        op = torch.empty((B, Hq, num_splits, D), device=q.device, dtype=torch.float32)
-    common = (q.stride(0), q.stride(1), k.stride(0), k.stride(1), v.stride(0), v.stride(1))
-    _decode_split_kernel[(num_splits, Hkv, B)](
+    plan = DecodePlan.make(q, k, cached_lens, num_splits, window, config)
+    launch_split(plan, q, k, v, k_cache, v_cache, block_tables, cu_seqlens_q, cached_lens, sinks, scale,
+                 window, out)
+    if num_splits > 1:
+        launch_combine(plan, q, k, v, cu_seqlens_q, sinks, scale, out)
+    return out
+
+
+class DecodePlan:
+    """Launch parameters and fp32 partials of one decode call (split and combine launch separately
+    so the benchmark can time them apart)."""
+
+    def __init__(self, cfg: dict, group: int, num_splits: int, mp, lp, op):
+        self.cfg, self.group, self.num_splits = cfg, group, num_splits
+        self.mp, self.lp, self.op = mp, lp, op   # [B, Hq, S], [B, Hq, S], [B, Hq, S, D] (None: one split)
+
+    @staticmethod
+    def make(q, k, cached_lens, num_splits: int, window: int, config: dict | None) -> "DecodePlan":
+        T, Hq, D = q.shape
+        B = cached_lens.shape[0]
+        cfg = dict(default_decode_config(D, window))
+        cfg.update(config or {})
+        cfg["PDL"] = bool(cfg["PDL"]) and not interpreting()   # no griddepcontrol on the CPU
+        mp = lp = op = None
+        if num_splits > 1:
+            mp = torch.empty((B, Hq, num_splits), device=q.device, dtype=torch.float32)
+            lp = torch.empty_like(mp)
+            op = torch.empty((B, Hq, num_splits, D), device=q.device, dtype=torch.float32)
+        return DecodePlan(cfg, Hq // k.shape[1], num_splits, mp, lp, op)
+
+
+def launch_split(plan: DecodePlan, q, k, v, k_cache, v_cache, block_tables, cu_seqlens_q, cached_lens,
+                 sinks, scale: float, window: int, out: torch.Tensor):
+    cfg = dict(plan.cfg)
+    bn, pdl = cfg.pop("BLOCK_N"), cfg.pop("PDL")
+    single = plan.num_splits == 1
+    mp, lp, op = (out, out, out) if single else (plan.mp, plan.lp, plan.op)  # unused with one split
+    extra = dict(launch_pdl=True) if pdl else {}
+    return _decode_split_kernel[(plan.num_splits, k.shape[1], cached_lens.shape[0])](
         q, k, v, k_cache, v_cache, block_tables, cu_seqlens_q, cached_lens, sinks, out, mp, lp, op,
-        *common,
+        q.stride(0), q.stride(1), k.stride(0), k.stride(1), v.stride(0), v.stride(1),
         k_cache.stride(0), k_cache.stride(1), k_cache.stride(2),
         v_cache.stride(0), v_cache.stride(1), v_cache.stride(2),
         block_tables.stride(0), out.stride(0), out.stride(1),
-        scale * LOG2E, window, num_splits,
-        GROUP=group, G_P2=max(16, triton.next_power_of_2(group)), BS=k_cache.shape[1], HEAD_D=D,
-        BLOCK_N=bn, HAS_WINDOW=window > 0, SINGLE=single, **cfg)
-    if not single:
-        _combine_kernel[(Hq, B)](
-            q, k, v, cu_seqlens_q, sinks, out, mp, lp, op, *common, out.stride(0), out.stride(1),
-            scale * LOG2E, num_splits, GROUP=group, HEAD_D=D,
-            S_P2=max(2, triton.next_power_of_2(num_splits)), num_warps=1)
-    return out
+        scale * LOG2E, window, plan.num_splits,
+        GROUP=plan.group, G_P2=max(16, triton.next_power_of_2(plan.group)), BS=k_cache.shape[1],
+        HEAD_D=q.shape[2], BLOCK_N=bn, HAS_WINDOW=window > 0, SINGLE=single, PDL=pdl, **cfg, **extra)
+
+
+def launch_combine(plan: DecodePlan, q, k, v, cu_seqlens_q, sinks, scale: float, out: torch.Tensor):
+    pdl = plan.cfg["PDL"]
+    extra = dict(launch_pdl=True) if pdl else {}
+    B, Hq = plan.mp.shape[0], q.shape[1]
+    return _combine_kernel[(Hq, B)](
+        q, k, v, cu_seqlens_q, sinks, out, plan.mp, plan.lp, plan.op,
+        q.stride(0), q.stride(1), k.stride(0), k.stride(1), v.stride(0), v.stride(1),
+        out.stride(0), out.stride(1), scale * LOG2E, plan.num_splits, GROUP=plan.group, HEAD_D=q.shape[2],
+        S_P2=max(2, triton.next_power_of_2(plan.num_splits)), PDL=pdl, num_warps=1, **extra)

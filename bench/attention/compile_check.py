@@ -1,0 +1,87 @@
+"""Compile the attention kernels for sm_90 on a machine WITHOUT a GPU and report registers per
+thread, local-memory (spill) instructions, shared memory and the programs per SM they allow
+(65536 registers, ~227 KB shared memory). Uses Triton's bundled cuobjdump.
+
+    PYTHONPATH=shared python bench/attention/compile_check.py [decode|window|prefill ...]
+
+Integer arguments a real launch sees as multiples of 16 (pointers, most strides) get the same
+divisibility hint here, so loads vectorise and pipeline as on the device.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import subprocess
+import sys
+import tempfile
+
+import triton
+from triton.backends.compiler import GPUTarget
+from triton.compiler.compiler import ASTSource
+
+BIN = os.path.join(os.path.dirname(triton.__file__), "backends", "nvidia", "bin")
+FLOATS = {"qk_scale", "scale"}
+NOT_DIV16 = {"window", "num_splits", "stride_ot", "total_tiles", "n_tiles", "cached_max"}
+
+
+def _ptr_type(name: str) -> str:
+    if name in ("bt_ptr", "cu_ptr", "cl_ptr", "cnt_ptr", "tile_ptr"):
+        return "*i32"
+    if name in ("sink_ptr", "mp_ptr", "lp_ptr", "op_ptr"):
+        return "*fp32"
+    return "*bf16"
+
+
+def check(kernel, consts: dict, num_warps: int, num_stages: int, maxnreg: int = 0, i32_ptrs=()) -> dict:
+    sig = {}
+    for n in kernel.arg_names:
+        if n in consts:
+            sig[n] = "constexpr"
+        elif n.endswith("_ptr"):
+            sig[n] = "*i32" if n in i32_ptrs else _ptr_type(n)
+        elif n in FLOATS:
+            sig[n] = "fp32"
+        else:
+            sig[n] = "i32"
+    attrs = {(i,): [["tt.divisibility", 16]] for i, n in enumerate(kernel.arg_names)
+             if n not in consts and n not in NOT_DIV16 and n not in FLOATS}
+    opts = dict(num_warps=num_warps, num_stages=num_stages, **({"maxnreg": maxnreg} if maxnreg else {}))
+    k = triton.compile(ASTSource(kernel, sig, consts, attrs), target=GPUTarget("cuda", 90, 32), options=opts)
+    with tempfile.TemporaryDirectory() as d:
+        cubin = os.path.join(d, "k.cubin")
+        with open(cubin, "wb") as f:
+            f.write(k.asm["cubin"])
+        res = subprocess.run([os.path.join(BIN, "cuobjdump"), "-res-usage", cubin], capture_output=True, text=True).stdout
+        sass = subprocess.run([os.path.join(BIN, "cuobjdump"), "-sass", cubin], capture_output=True, text=True).stdout
+    regs = int(re.search(r"REG:(\d+)", res).group(1))
+    smem = k.metadata.shared + 1024
+    threads = 32 * num_warps
+    per_sm = min(65536 // (threads * -(-regs // 8) * 8), 227 * 1024 // smem, 2048 // threads, 32)
+    return dict(kernel=kernel.fn.__name__, consts={k_: v for k_, v in consts.items() if k_.isupper()},
+                warps=num_warps, stages=num_stages, maxnreg=maxnreg, regs=regs,
+                local_ld_st=sass.count("LDL") + sass.count("STL"), smem=smem, programs_per_sm=per_sm,
+                ldgsts="LDGSTS" in sass, tma="UTMALDG" in sass, ldg128=sass.count("LDG.E.128"),
+                mma=sass.count("HMMA"), gmma=sass.count("HGMMA"))
+
+
+def decode_rows():
+    from dayzero.kernels import triton_attention_decode as K
+    base = dict(GROUP=8, G_P2=16, BS=16, HEAD_D=64, HAS_WINDOW=False, SINGLE=False)
+    for bn, w, s, pdl in ((128, 4, 3, False), (128, 4, 3, True), (64, 4, 3, False), (64, 4, 3, True),
+                          (128, 8, 3, False), (256, 8, 3, False)):
+        yield check(K._decode_split_kernel, dict(base, BLOCK_N=bn, PDL=pdl), w, s)
+    for pdl in (False, True):
+        yield check(K._combine_kernel, dict(GROUP=8, HEAD_D=64, S_P2=64, PDL=pdl), 1, 3)
+
+
+def main() -> int:
+    which = set(sys.argv[1:]) or {"decode"}
+    if "decode" in which:
+        for r in decode_rows():
+            print(r, flush=True)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
