@@ -1,0 +1,146 @@
+"""Gluon warp-specialised MoE GEMMs (``gluon_moe_gemm``) beside the Triton large-M kernel, one GPU.
+
+    PYTHONPATH=shared python bench/moe/bench_gluon.py --out DIR [--variants gluon,gluon_s3,...]
+    PYTHONPATH=shared python bench/moe/bench_gluon.py --compile [--out DIR]     # no GPU needed
+
+GPU mode writes DIR/moe-gluon.json: per E in (32, 128), 8192 tokens, top-4, random and balanced
+routing: the whole MoE layer and each GEMM (ms, TFLOP/s useful) for the Triton default (``LARGE``)
+and each Gluon configuration on the same weights and routing; every output is checked against the
+torch FP8 reference (rel) and for unwritten / non-finite elements (out and y NaN-filled first).
+Compile mode compiles both GEMMs for sm_90 with Triton's bundled ptxas (registers, shared memory,
+spills, QGMMA count, setmaxnreg values) and writes DIR/moe-gluon-compile.json.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import json
+import os
+import re
+import subprocess
+import sys
+import tempfile
+
+H = I = 2880
+K_TOP = 4
+LIMIT = 7.0
+
+
+def _configs() -> dict:
+    from dayzero.kernels.gluon_moe_gemm_run import DEFAULT
+
+    r = dataclasses.replace
+    return {"gluon": DEFAULT, "gluon_s3": r(DEFAULT, stages=3), "gluon_s5": r(DEFAULT, stages=5),
+            "gluon_g8": r(DEFAULT, group_m=8), "gluon_g32": r(DEFAULT, group_m=32)}
+
+
+def compile_check(out: str | None) -> int:
+    """sm_90 compile of both GEMMs per configuration, no GPU."""
+    import triton
+    from triton.backends.compiler import GPUTarget
+    from triton.experimental.gluon import language as gl
+    from triton.experimental.gluon._runtime import GluonASTSource
+
+    from dayzero.kernels.gluon_moe_gemm import moe_gemm_ws_kernel as kern
+
+    bin_dir = os.path.join(os.path.dirname(triton.__file__), "backends", "nvidia", "bin")
+    al = gl.NVMMASharedLayout.get_default_for([64, 128], gl.float8e4nv)
+    bl = gl.NVMMASharedLayout.get_default_for([256, 128], gl.float8e4nv)
+    rows = []
+    for name, cfg in _configs().items():
+        for epi in (1, 2):
+            sig = {n: "i32" for n in kern.arg_names}
+            sig.update(a_desc=f"tensordesc<fp8e4nv[64, 128],{al!r}>", b_desc=f"tensordesc<fp8e4nv[256, 128],{bl!r}>",
+                       as_ptr="*fp32", bs_ptr="*fp32", bias_ptr="*bf16", c_ptr="*fp8e4nv" if epi == 1 else "*bf16",
+                       cs_ptr="*fp32", sorted_ids_ptr="*i32", block_expert_ptr="*i32", weights_ptr="*bf16",
+                       limit="fp32", alpha="fp32")
+            consts = dict(EPI=epi, STAGES=cfg.stages, GROUP_M=cfg.group_m, CONSUMER_REGS=cfg.consumer_regs,
+                          PRODUCER_REGS=cfg.producer_regs, num_warps=4)
+            sig.update({k: "constexpr" for k in consts})
+            k = triton.compile(GluonASTSource(kern, sig, consts), target=GPUTarget("cuda", 90, 32),
+                               options=dict(num_warps=4, maxnreg=cfg.maxnreg))
+            with tempfile.TemporaryDirectory() as tmp:
+                cubin = os.path.join(tmp, "k.cubin")
+                with open(cubin, "wb") as f:
+                    f.write(k.asm["cubin"])
+                sass, res = (subprocess.run([os.path.join(bin_dir, "cuobjdump"), flag, cubin], capture_output=True,
+                                            text=True).stdout for flag in ("-sass", "-res-usage"))
+            rows.append(dict(config=name, gemm="gate_up" if epi == 1 else "down", stages=cfg.stages,
+                             regs_kernel=int(re.search(r"REG:(\d+)", res).group(1)),
+                             setmaxnreg=sorted(set(int(v) for v in re.findall(r"setmaxnreg\.\w+\.sync\.aligned\.u32\s+(\d+)",
+                                                                             k.asm["ptx"]))),
+                             smem_kb=round(k.metadata.shared / 1024, 1), spill_ldl_stl=sass.count("LDL") + sass.count("STL"),
+                             qgmma=sass.count("QGMMA")))
+            print(json.dumps(rows[-1]), flush=True)
+    if out:
+        os.makedirs(out, exist_ok=True)
+        with open(os.path.join(out, "moe-gluon-compile.json"), "w", encoding="utf-8") as f:
+            json.dump({"rows": rows}, f, indent=1)
+    return 0
+
+
+def _flop(T: int) -> float:
+    return 6.0 * T * K_TOP * H * I
+
+
+def _rel(a, b) -> float:
+    return ((a.double() - b.double()).norm() / b.double().norm()).item()
+
+
+def moe_layer(res, E: int, T: int, variants: list[str]) -> None:
+    import torch
+    from common import median_ms, random_experts, routing
+
+    from dayzero.kernels import torch_ops
+    from dayzero.kernels.gluon_moe_gemm_run import GluonMoeRun
+    from dayzero.kernels.triton_moe import LARGE, MoeRun
+
+    cfgs = _configs()
+    ex = random_experts(E, H, I, seed=E)
+    x = torch.randn(T, H, device="cuda").bfloat16()
+    for balanced in (False, True):
+        w, ids = routing(T, E, K_TOP, balanced, seed=T)
+        ref = torch_ops.moe_experts(x, w, ids, ex, LIMIT)
+        for var in (variants if not balanced else ["triton_large", "gluon"]):
+            if var == "triton_large":
+                run = MoeRun(x, w, ids, ex, LIMIT, tiles=LARGE, small=False)
+            else:
+                run = GluonMoeRun(x, w, ids, ex, LIMIT, cfgs[var])
+            run.out.fill_(float("nan"))
+            run.y.fill_(float("nan"))
+            out = run().clone()
+            ms = median_ms(run)
+            row = dict(section="moe_gluon", E=E, T=T, balanced=balanced, variant=var, ms=ms,
+                       tflops_useful=_flop(T) / ms / 1e9, finite=bool(torch.isfinite(out).all()),
+                       rel_vs_torch_ref=_rel(out, ref),
+                       gluon=bool(getattr(run, "gluon_ok", lambda: False)()))
+            for stage, frac in (("gate_up", 2 / 3), ("down", 1 / 3)):
+                sms = median_ms(getattr(run, stage))
+                row[f"{stage}_ms"], row[f"{stage}_tflops"] = sms, _flop(T) * frac / sms / 1e9
+            res.add(**row)
+            del run, out
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--out", default=os.environ.get("OUT"))
+    ap.add_argument("--compile", action="store_true", help="sm_90 compile report only (no GPU)")
+    ap.add_argument("--variants", default="triton_large,gluon,gluon_s3,gluon_s5,gluon_g8,gluon_g32")
+    ap.add_argument("--tokens", type=int, default=8192)
+    args = ap.parse_args()
+    if args.compile:
+        return compile_check(args.out)
+    sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+    from common import Results
+
+    res = Results("moe-gluon")
+    for E in (32, 128):
+        res.section(f"moe_gluon_E{E}", moe_layer, E, args.tokens, args.variants.split(","))
+        res.write(args.out or ".")
+    print("wrote", res.write(args.out or "."), "errors:", len(res.errors))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,101 @@
+"""Host side of the Gluon warp-specialised MoE GEMMs (``gluon_moe_gemm``): launch configuration,
+descriptors, and ``GluonMoeRun``, the large-M ``MoeRun`` whose gate_up and down GEMMs run on it.
+
+Everything else of the MoE call (align, quantization into sorted order, combine) is the Triton large
+path's (``triton_moe.LARGE``: 64-row align blocks, x quantized 1x128 into sorted order). Operands the
+kernel cannot take (TMA alignment, non-contiguous weights) fall back to the Triton GEMMs.
+Importing this module imports triton's Gluon: callers import it only when the Gluon path is selected.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+import triton
+from triton.experimental.gluon import language as gl
+from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
+
+from .gluon_moe_gemm import moe_gemm_ws_kernel
+from .triton_moe import LARGE, SWIGLU_ALPHA, MoeRun
+from .triton_moe_align import AlignedPairs
+from .triton_moe_gemm import tma_ok
+from .types import ExpertWeights
+
+BM, BK, BN = 64, 128, 256  # must match gluon_moe_gemm
+
+
+@dataclass(frozen=True)
+class GluonConfig:
+    """Launch configuration of both Gluon GEMMs (registers per thread: 12 warps x maxnreg = the budget
+    that setmaxnreg redistributes: two consumer warpgroups and the producer's warpgroup)."""
+
+    stages: int = 4            # TMA ring depth: 40 KB of shared memory per stage
+    group_m: int = 16          # M blocks walked together per N sweep (L2 reuse of the weight tiles)
+    consumer_regs: int = 232
+    producer_regs: int = 40
+    maxnreg: int = 168
+    programs_per_sm: int = 1
+
+
+DEFAULT = GluonConfig()
+
+
+def gemm_ws(a: torch.Tensor, a_scale_t: torch.Tensor, w: torch.Tensor, w_scale: torch.Tensor, bias: torch.Tensor,
+            out: torch.Tensor, out_scale_t: torch.Tensor | None, al: AlignedPairs, weights: torch.Tensor, *,
+            K: int, N: int, epi: int, limit: float, cfg: GluonConfig = DEFAULT) -> None:
+    """a [Mpad, >= K] fp8 (sorted rows), a_scale_t [ceil(K/128), Mpad]; w [E, N, K] fp8 contiguous,
+    w_scale [E, ceil(N/128), ceil(K/128)]; epi 1 -> out = h [Mpad, N/2] fp8 + out_scale_t; epi 2 -> out =
+    y [P, N] (pair order)."""
+    if al.block_m != BM:
+        raise ValueError(f"the Gluon MoE GEMM needs 64-row align blocks, got {al.block_m}")
+    if not w.is_contiguous() or w_scale.stride(-1) != 1:
+        raise ValueError("the Gluon MoE GEMM needs contiguous expert weights and scales")
+    E = w.shape[0]
+    a_desc = TensorDescriptor.from_tensor(a, [BM, BK], gl.NVMMASharedLayout.get_default_for([BM, BK], gl.float8e4nv))
+    w2 = w.view(E * N, w.shape[2])                                      # rows past an expert's N: see the kernel
+    b_desc = TensorDescriptor.from_tensor(w2, [BN, BK], gl.NVMMASharedLayout.get_default_for([BN, BK], gl.float8e4nv))
+    nbm = al.padded_rows // BM
+    sms = torch.cuda.get_device_properties(a.device).multi_processor_count
+    progs = max(1, min(cfg.programs_per_sm * sms, nbm * triton.cdiv(N, BN)))
+    moe_gemm_ws_kernel[(progs, )](
+        a_desc, a_scale_t, b_desc, w_scale, bias, out, out_scale_t if out_scale_t is not None else out,
+        al.sorted_ids, al.block_expert, weights, nbm, N, K, al.num_pairs,
+        a_scale_t.stride(0), w_scale.stride(0), w_scale.stride(1), bias.stride(0), out.stride(0),
+        out_scale_t.stride(0) if out_scale_t is not None else 0, float(limit), SWIGLU_ALPHA,
+        EPI=epi, STAGES=cfg.stages, GROUP_M=cfg.group_m, CONSUMER_REGS=cfg.consumer_regs,
+        PRODUCER_REGS=cfg.producer_regs, num_warps=4, maxnreg=cfg.maxnreg,
+    )
+
+
+class GluonMoeRun(MoeRun):
+    """``MoeRun`` on the large-M path with both FP8 GEMMs on the Gluon kernel (stages as in MoeRun)."""
+
+    def __init__(self, x: torch.Tensor, weights: torch.Tensor, ids: torch.Tensor, experts: ExpertWeights,
+                 limit: float, cfg: GluonConfig = DEFAULT) -> None:
+        super().__init__(x, weights, ids, experts, limit, tiles=LARGE, small=False)
+        self.cfg = cfg
+
+    def gluon_ok(self) -> bool:
+        ex = self.experts
+        return self._large() and ex.gate_up.is_contiguous() and ex.down.is_contiguous()
+
+    def gate_up(self) -> None:
+        if not self.gluon_ok():
+            return super().gate_up()
+        ex = self.experts
+        gemm_ws(self.xq, self.xs_t, ex.gate_up, ex.gate_up_scale, ex.gate_up_bias, self.h, self.hs_t, self.al,
+                self.weights, K=self.H, N=2 * self.I, epi=1, limit=self.limit, cfg=self.cfg)
+
+    def down(self) -> None:
+        if not self.gluon_ok():
+            return super().down()
+        ex = self.experts
+        gemm_ws(self.h, self.hs_t, ex.down, ex.down_scale, ex.down_bias, self.y, None, self.al, self.weights,
+                K=self.I, N=self.H, epi=2, limit=self.limit, cfg=self.cfg)
+
+
+def fused_moe_gluon(x: torch.Tensor, weights: torch.Tensor, ids: torch.Tensor, experts: ExpertWeights,
+                    limit: float, cfg: GluonConfig = DEFAULT) -> torch.Tensor:
+    """x [T, H] bf16, weights/ids [T, k] -> [T, H] bf16 on the large-M path with the Gluon GEMMs."""
+    return GluonMoeRun(x, weights, ids, experts, limit, cfg)()
