@@ -78,6 +78,33 @@ def _producer(p, EPI: gl.constexpr, STAGES: gl.constexpr, GROUP_M: gl.constexpr)
 
 
 @gluon.jit
+def _k_loop(a_bufs, b_bufs, ready, empty, as_ptr, bs_base, offs_m, stride_as, d, it, nk, WG: gl.constexpr,
+            STAGES: gl.constexpr):
+    """One tile's K loop of one consumer: acc [BM, WN] fp32 = sum over K steps of (wgmma 64x128x128)
+    * sa[row] * sb, with the scales of steps kb + 1, kb + 2 in registers (loaded two steps ahead)."""
+    sa0 = gl.load(as_ptr + offs_m)
+    sb0 = gl.load(bs_base)
+    k1 = gl.minimum(1, nk - 1)
+    sa1 = gl.load(as_ptr + k1 * stride_as + offs_m)
+    sb1 = gl.load(bs_base + k1)
+    acc = gl.zeros_like(d)
+    for kb in range(nk):
+        k2 = gl.minimum(kb + 2, nk - 1)
+        sa2 = gl.load(as_ptr + k2 * stride_as + offs_m)
+        sb2 = gl.load(bs_base + k2)
+        s = it % STAGES
+        mbarrier.wait(ready.index(s), (it // STAGES) & 1)
+        b = b_bufs.index(s).slice(WG * WN, WN, dim=0).permute((1, 0))       # [BK, WN], K-major
+        d = warpgroup_mma(a_bufs.index(s), b, d, use_acc=False, is_async=True)
+        d = warpgroup_mma_wait(0, deps=(d, ))
+        mbarrier.arrive(empty.index(s))                                       # both consumers -> refill
+        acc += d * gl.expand_dims(sa0 * sb0, 1)
+        sa0, sb0, sa1, sb1 = sa1, sb1, sa2, sb2
+        it += 1
+    return acc, d, it
+
+
+@gluon.jit
 def _consumer0(p, EPI: gl.constexpr, STAGES: gl.constexpr, GROUP_M: gl.constexpr):
     _consumer(p, 0, EPI, STAGES, GROUP_M)
 
@@ -107,26 +134,16 @@ def _consumer(p, WG: gl.constexpr, EPI: gl.constexpr, STAGES: gl.constexpr, GROU
         offs_m = pid_m * BM + gl.arange(0, BM, rows)                       # [BM]
         bs_base = bs_ptr + e.to(gl.int64) * stride_bse + (n_w // 128) * stride_bsn
         b_ok = n_w < N                                                     # this half has real columns
-        # scales of K steps kb and kb + 1 (registers), loaded two steps ahead of their use
-        sa0 = gl.load(as_ptr + offs_m)
-        sb0 = gl.load(bs_base, mask=b_ok, other=0.0)
-        k1 = gl.minimum(1, nk - 1)
-        sa1 = gl.load(as_ptr + k1 * stride_as + offs_m)
-        sb1 = gl.load(bs_base + k1, mask=b_ok, other=0.0)
-        acc = gl.zeros([BM, WN], gl.float32, mma)
-        for kb in range(nk):
-            k2 = gl.minimum(kb + 2, nk - 1)
-            sa2 = gl.load(as_ptr + k2 * stride_as + offs_m)
-            sb2 = gl.load(bs_base + k2, mask=b_ok, other=0.0)
-            s = it % STAGES
-            mbarrier.wait(ready.index(s), (it // STAGES) & 1)
-            b = b_bufs.index(s).slice(WG * WN, WN, dim=0).permute((1, 0))   # [BK, WN], K-major
-            d = warpgroup_mma(a_bufs.index(s), b, d, use_acc=False, is_async=True)
-            d = warpgroup_mma_wait(0, deps=(d, ))
-            mbarrier.arrive(empty.index(s))
-            acc += d * gl.expand_dims(sa0 * sb0, 1)
-            sa0, sb0, sa1, sb1 = sa1, sb1, sa2, sb2
-            it += 1
+        if b_ok:
+            acc, d, it = _k_loop(a_bufs, b_bufs, ready, empty, as_ptr, bs_base, offs_m, stride_as, d, it, nk, WG,
+                                 STAGES)
+        else:  # the tile's last half past N (N % 256 <= 128): only release the stages
+            for kb in range(nk):
+                s = it % STAGES
+                mbarrier.wait(ready.index(s), (it // STAGES) & 1)
+                mbarrier.arrive(empty.index(s))
+                it += 1
+            acc = gl.zeros([BM, WN], gl.float32, mma)
         pair = gl.load(sorted_ids_ptr + offs_m)                              # num_pairs = padding row
         row_ok = pair < num_pairs
         offs_n = n_w + gl.arange(0, WN, gl.SliceLayout(0, mma))
