@@ -34,8 +34,8 @@ def _pcfg(m, n, w, s, pack, tma):
     return dict(KERNEL="flash", BLOCK_M=m, BLOCK_N=n, num_warps=w, num_stages=s, PACK=pack, TMA=tma)
 
 
-def _wcfg(rows, w, tma=True, s=1, maxnreg=None, branch=False):
-    cfg = dict(KERNEL="window", ROWS=rows, num_warps=w, num_stages=s, TMA=tma, GATHER_BRANCH=branch)
+def _wcfg(rows, w, tma=True, s=1, maxnreg=None, branch=False, slide=0):
+    cfg = dict(KERNEL="window", ROWS=rows, num_warps=w, num_stages=s, TMA=tma, GATHER_BRANCH=branch, SLIDE=slide)
     if maxnreg:
         cfg["maxnreg"] = maxnreg
     return cfg
@@ -59,6 +59,10 @@ WINDOW_CFGS = {
     "win_r64w4_tma": _wcfg(64, 4),
     "win_r64w4_tma_reg96": _wcfg(64, 4, maxnreg=96),
     "win_r128w8_tma": _wcfg(128, 8),
+    "win_r64w4_slide4": _wcfg(64, 4, tma=False, slide=4),
+    "win_r64w4_slide8": _wcfg(64, 4, tma=False, slide=8),
+    "win_r64w4_slide8_s2": _wcfg(64, 4, tma=False, s=2, slide=8),
+    "win_r64w4_slide16_s2": _wcfg(64, 4, tma=False, s=2, slide=16),
 }
 DECODE_CFGS = {
     "n128w4s3": dict(BLOCK_N=128, num_warps=4, num_stages=3),
@@ -147,7 +151,8 @@ def bench_window_probe(rows):
     plan = [(2048, 0), (4096, 0), (8192, 0), (32768, 0), (512, 24576), (8192, 24576)]
     cfgs = {"window_ptr": dict(KERNEL="window", TMA=False),
             "window_branch": dict(KERNEL="window", TMA=False, GATHER_BRANCH=True),
-            "window_tma": dict(KERNEL="window", TMA=True, TMA_MIN_TOKENS=0), "flash": dict(KERNEL="flash")}
+            "window_tma": dict(KERNEL="window", TMA=True, TMA_MIN_TOKENS=0),
+            "window_slide8_s2": dict(KERNEL="window", SLIDE=8, num_stages=2), "flash": dict(KERNEL="flash")}
     for n, cached in plan:
         c = single_sequence(n, cached=cached, seed=n + 1)
         args = (c["q"], c["k"], c["v"], c["k_cache"], c["v_cache"], c["block_tables"], c["cu_seqlens_q"],

@@ -75,11 +75,22 @@ def decode_rows():
         yield check(K._combine_kernel, dict(GROUP=8, HEAD_D=64, S_P2=64, PDL=pdl), 1, 3)
 
 
+def window_rows():
+    from dayzero.kernels import triton_attention_window as W
+    from dayzero.kernels import triton_attention_window_slide as S
+    base = dict(GROUP=8, TOK_N=16, WIN_N=128, BS=16, HEAD_D=64)
+    yield check(W._window_kernel, dict(base, TOK=8, TMA=False, BRANCH=False), 4, 1)
+    for tok, w, steps, stages, reg in ((8, 4, 8, 1, 0), (8, 8, 8, 1, 0), (8, 8, 8, 2, 0), (8, 8, 8, 1, 128), (16, 8, 4, 1, 0)):
+        yield check(S._window_slide_kernel, dict(base, TOK=tok, STEPS=steps), w, stages, reg)
+
+
 def main() -> int:
-    which = set(sys.argv[1:]) or {"decode"}
-    if "decode" in which:
-        for r in decode_rows():
-            print(r, flush=True)
+    which = set(sys.argv[1:]) or {"decode", "window"}
+    rows = {"decode": decode_rows, "window": window_rows}
+    for name, fn in rows.items():
+        if name in which:
+            for r in fn():
+                print(r, flush=True)
     return 0
 
 
