@@ -60,8 +60,9 @@ WINDOW_CFGS = {
     "win_r64w4_tma_reg96": _wcfg(64, 4, maxnreg=96),
     "win_r128w8_tma": _wcfg(128, 8),
     "win_r64w4_slide4": _wcfg(64, 4, tma=False, slide=4),
-    "win_r64w4_slide8": _wcfg(64, 4, tma=False, slide=8),
     "win_r64w4_slide8_s2": _wcfg(64, 4, tma=False, s=2, slide=8),
+    "win_r64w4_slide8_reg168": _wcfg(64, 4, tma=False, maxnreg=168, slide=8),
+    "win_r64w4_slide8_reg128": _wcfg(64, 4, tma=False, maxnreg=128, slide=8),
     "win_r64w4_slide16_s2": _wcfg(64, 4, tma=False, s=2, slide=16),
 }
 DECODE_CFGS = {
@@ -148,11 +149,11 @@ def bench_window_probe(rows):
     per call (enqueue only) and do_bench time, for prompts and chunks of several sizes."""
     import time
     res = []
-    plan = [(2048, 0), (4096, 0), (8192, 0), (32768, 0), (512, 24576), (8192, 24576)]
+    plan = [(4096, 0), (8192, 0), (32768, 0), (512, 24576)]
     cfgs = {"window_ptr": dict(KERNEL="window", TMA=False),
             "window_branch": dict(KERNEL="window", TMA=False, GATHER_BRANCH=True),
             "window_tma": dict(KERNEL="window", TMA=True, TMA_MIN_TOKENS=0),
-            "window_slide8_s2": dict(KERNEL="window", SLIDE=8, num_stages=2), "flash": dict(KERNEL="flash")}
+            "window_slide8_s2": dict(KERNEL="window", SLIDE=8, num_stages=2)}
     for n, cached in plan:
         c = single_sequence(n, cached=cached, seed=n + 1)
         args = (c["q"], c["k"], c["v"], c["k_cache"], c["v_cache"], c["block_tables"], c["cu_seqlens_q"],
@@ -292,8 +293,10 @@ def bench_decode(rows, ceil_bw, quick, sweep, only_batches=None):
         top = min(here, key=lambda r: r["us"])
         dflt = [r for r in here if r["config"] == first and r["num_splits"] == heur][0]
         dflt["eager_us"] = eager_us
+        pdl = [r for r in here if r["config"] == first + "_pdl" and r["num_splits"] == heur]
+        pdl_txt = f"pdl {pdl[0]['us']:7.1f} us | " if pdl else ""
         rows.append(f"decode B={B:>3} ctx={L:>6} W={window or 'full':>4}: default {dflt['us']:7.1f} us "
-                    f"{dflt['tbps']:5.2f} TB/s | best {top['config']}/s{top['num_splits']} {top['us']:7.1f} us "
+                    f"{dflt['tbps']:5.2f} TB/s | {pdl_txt}best {top['config']}/s{top['num_splits']} {top['us']:7.1f} us "
                     f"{top['tbps']:5.2f} TB/s ({top['frac_copy_bw']:.0%} of copy) | eager {eager_us:6.1f} us")
         del tables, q, k, v, out
     del k_pool, v_pool

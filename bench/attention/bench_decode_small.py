@@ -22,7 +22,26 @@ CFGS = {
     "n64w4s3_pdl": dict(BLOCK_N=64, num_warps=4, num_stages=3, PDL=True),
     "n256w8s3_pdl": dict(BLOCK_N=256, num_warps=8, num_stages=3, PDL=True),
 }
-PLAN = [(1, 1024), (1, 8192), (1, 32768), (1, 131072), (8, 1024), (8, 8192), (8, 32768)]
+PLAN = [(1, 1024), (1, 8192), (1, 32768), (1, 131072), (8, 8192)]
+
+
+def _splits(name: str, heur: int, L: int) -> list[int]:
+    """Split counts to time for one config: around the heuristic's (96 too at long contexts)."""
+    if name == "n128w4s3":
+        want = {heur // 2, heur, 2 * heur} | ({96} if L >= 32768 else set())
+    elif name == "n256w8s3_pdl":
+        want = {heur // 2, heur}
+    else:
+        want = {heur, 2 * heur}
+    return sorted(s for s in want if 2 <= s <= triton.cdiv(L, 64))
+
+
+def _us(rs: list) -> str:
+    r = rs[0]
+    if r["split_only_us"] is None:
+        return f"{r['us']:6.1f} us"
+    return (f"{r['us']:6.1f} us (split alone {r['split_only_us']:6.1f}; after a q writer "
+            f"{r['with_writer_us'] - r['writer_alone_us']:6.1f})")
 
 
 def bench_decode_small(rows, ceil_bw):
@@ -45,36 +64,43 @@ def bench_decode_small(rows, ceil_bw):
         cl = torch.full((B,), L, device="cuda", dtype=torch.int32)
         out = torch.empty_like(q)
         heur = choose_num_splits(B, HKV, L, 0, num_sms=sms)
-        splits = sorted({s for s in (heur // 2, heur, 2 * heur, 96, 132) if 2 <= s <= triton.cdiv(L, 64)})
         line = []
         for name, cfg in CFGS.items():
-            for ns in splits:
-                if ns not in (heur, 2 * heur) and not name.startswith("n128w4s3"):
-                    continue
+            for ns in _splits(name, heur, L):
                 whole = [lambda t=tables[r], cfg=cfg, ns=ns: attention(
                     q, k, v, k_pool, v_pool, t, cu, cl, sinks, SCALE, 0, max_seqlen_q=1, num_splits=ns,
                     config=cfg, out=out) for r in range(R)]
                 plan = DecodePlan.make(q, k, cl, ns, 0, cfg)
                 split_only = [lambda t=tables[r], plan=plan: launch_split(
                     plan, q, k, v, k_pool, v_pool, t, cu, cl, sinks, SCALE, 0, out) for r in range(R)]
+                # engine-like: a plain kernel that writes q (as rope does) before each call; timed with
+                # and without it, so the PDL gain is not only attention calls overlapping each other
+                sep = [lambda f=f: (q.mul_(1.0), f()) for f in whole]
+                key = name.startswith("n128w4s3") and ns == heur
                 try:
                     us = graph_time_ms(whole) * 1e3
-                    us_split = graph_time_ms(split_only) * 1e3
+                    # the split kernel alone: the default and its PDL twin at the heuristic's count
+                    us_split = graph_time_ms(split_only) * 1e3 if key else None
+                    us_sep = graph_time_ms(sep) * 1e3 if key else None
+                    us_mul = graph_time_ms([lambda: q.mul_(1.0)] * 8) * 1e3 if key else None
                 except Exception as e:  # a variant that fails is reported, the rest still run
                     res.append(dict(kind="error", section="decode1", config=name, batch=B, context=L,
                                     num_splits=ns, error=f"{type(e).__name__}: {str(e)[:300]}"))
                     continue
                 r = dict(kind="decode1", batch=B, context=L, config=name, num_splits=ns, heuristic_splits=heur,
-                         rotations=R, us=us, split_only_us=us_split, kv_bytes=kv_bytes,
+                         rotations=R, us=us, split_only_us=us_split, with_writer_us=us_sep, writer_alone_us=us_mul,
+                         kv_bytes=kv_bytes,
                          tbps=kv_bytes / (us * 1e-6) / 1e12, frac_copy_bw=kv_bytes / (us * 1e-6) / ceil_bw)
                 res.append(r)
         here = [r for r in res if r["kind"] == "decode1" and (r["batch"], r["context"]) == (B, L)]
         if here:
             top = min(here, key=lambda r: r["us"])
             d = [r for r in here if r["config"] == "n128w4s3" and r["num_splits"] == heur]
-            d_txt = (f"default {d[0]['us']:6.1f} us (split alone {d[0]['split_only_us']:6.1f}) | " if d else "")
-            line.append(f"decode1 B={B} ctx={L:>6}: {d_txt}best {top['config']}/s{top['num_splits']} "
-                        f"{top['us']:6.1f} us (split alone {top['split_only_us']:6.1f}) {top['frac_copy_bw']:.0%} of copy")
+            p = [r for r in here if r["config"] == "n128w4s3_pdl" and r["num_splits"] == heur]
+            d_txt = f"default s{heur} {_us(d)} | " if d else ""
+            p_txt = f"pdl {_us(p)} | " if p else ""
+            line.append(f"decode1 B={B} ctx={L:>6}: {d_txt}{p_txt}best {top['config']}/s{top['num_splits']} "
+                        f"{top['us']:6.1f} us {top['frac_copy_bw']:.0%} of copy")
         rows.extend(line)
         del tables, q, k, v, out
     del k_pool, v_pool

@@ -69,6 +69,7 @@ WINDOW_KERNELS = {  # TMA_MIN_TOKENS=0: the TMA path even for these short sequen
     "window_r64w4_slide4": dict(KERNEL="window", ROWS=64, num_warps=4, TMA=False, SLIDE=4),
     "window_r64w4_slide8_s2": dict(KERNEL="window", ROWS=64, num_warps=4, TMA=False, SLIDE=8, num_stages=2),
     "window_r64w4_slide16_s2": dict(KERNEL="window", ROWS=64, num_warps=4, TMA=False, SLIDE=16, num_stages=2),
+    "window_r64w4_slide8_reg128": dict(KERNEL="window", ROWS=64, num_warps=4, TMA=False, SLIDE=8, maxnreg=128),
 }
 
 
