@@ -47,12 +47,15 @@ def compile_check(out: str | None) -> int:
     bin_dir = os.path.join(os.path.dirname(triton.__file__), "backends", "nvidia", "bin")
     al = gl.NVMMASharedLayout.get_default_for([64, 128], gl.float8e4nv)
     bl = gl.NVMMASharedLayout.get_default_for([256, 128], gl.float8e4nv)
+    sal = gl.NVMMASharedLayout.get_default_for([1, 64], gl.float32)
+    sbl = gl.NVMMASharedLayout.get_default_for([1, 4], gl.float32)
     rows = []
     for name, cfg in _configs().items():
         for epi in (1, 2):
             sig = {n: "i32" for n in kern.arg_names}
+            sig.update(sa_desc=f"tensordesc<fp32[1, 64],{sal!r}>", sb_desc=f"tensordesc<fp32[1, 4],{sbl!r}>")
             sig.update(a_desc=f"tensordesc<fp8e4nv[64, 128],{al!r}>", b_desc=f"tensordesc<fp8e4nv[256, 128],{bl!r}>",
-                       as_ptr="*fp32", bs_ptr="*fp32", bias_ptr="*bf16", c_ptr="*fp8e4nv" if epi == 1 else "*bf16",
+                       bias_ptr="*bf16", c_ptr="*fp8e4nv" if epi == 1 else "*bf16",
                        cs_ptr="*fp32", sorted_ids_ptr="*i32", block_expert_ptr="*i32", weights_ptr="*bf16",
                        limit="fp32", alpha="fp32")
             consts = dict(EPI=epi, STAGES=cfg.stages, GROUP_M=cfg.group_m, CONSUMER_REGS=cfg.consumer_regs,

@@ -58,9 +58,9 @@ def _tile_coords(tile, used_m, num_pid_n, GROUP_M: gl.constexpr):
 @gluon.jit
 def _producer(p, EPI: gl.constexpr, STAGES: gl.constexpr, GROUP_M: gl.constexpr):
     """1 warp: TMA loads of A [BM, BK] and W [BN, BK] for every K step of every tile of this CTA."""
-    (a_desc, b_desc, a_bufs, b_bufs, ready, empty, xbar, amax_smem, as_ptr, bs_ptr, bias_ptr, c_ptr, cs_ptr,
-     sorted_ids_ptr, block_expert_ptr, weights_ptr, used_m, N, K, num_pairs, stride_as, stride_bse, stride_bsn,
-     stride_biase, stride_cm, stride_cs, limit, alpha) = p
+    (a_desc, b_desc, sa_desc, sb_desc, a_bufs, b_bufs, sa_bufs, sb_bufs, ready, empty, xbar, amax_smem, bias_ptr,
+     c_ptr, cs_ptr, sorted_ids_ptr, block_expert_ptr, weights_ptr, used_m, N, K, num_pairs, num_kb, stride_biase,
+     stride_cm, stride_cs, limit, alpha) = p
     nk = gl.cdiv(K, BK)
     num_pid_n = gl.cdiv(N, BN)
     it = 0
@@ -68,38 +68,40 @@ def _producer(p, EPI: gl.constexpr, STAGES: gl.constexpr, GROUP_M: gl.constexpr)
         pid_m, pid_n = _tile_coords(tile, used_m, num_pid_n, GROUP_M)
         e = gl.load(block_expert_ptr + pid_m)
         row_b = e * N + pid_n * BN
+        col_sb = (pid_n * (BN // 128)) // 4 * 4                          # 16-byte aligned group of blocks
         for kb in range(nk):
             s = it % STAGES
+            bar = ready.index(s)
             mbarrier.wait(empty.index(s), ((it // STAGES) & 1) ^ 1)
-            mbarrier.expect(ready.index(s), BM * BK + BN * BK)
-            tma.async_copy_global_to_shared(a_desc, [pid_m * BM, kb * BK], ready.index(s), a_bufs.index(s))
-            tma.async_copy_global_to_shared(b_desc, [row_b, kb * BK], ready.index(s), b_bufs.index(s))
+            mbarrier.expect(bar, BM * BK + BN * BK + BM * 4 + 16)
+            tma.async_copy_global_to_shared(a_desc, [pid_m * BM, kb * BK], bar, a_bufs.index(s))
+            tma.async_copy_global_to_shared(b_desc, [row_b, kb * BK], bar, b_bufs.index(s))
+            tma.async_copy_global_to_shared(sa_desc, [kb, pid_m * BM], bar, sa_bufs.index(s))
+            tma.async_copy_global_to_shared(sb_desc, [e * num_kb + kb, col_sb], bar, sb_bufs.index(s))
             it += 1
 
 
 @gluon.jit
-def _k_loop(a_bufs, b_bufs, ready, empty, as_ptr, bs_base, offs_m, stride_as, d, it, nk, WG: gl.constexpr,
-            STAGES: gl.constexpr):
+def _k_loop(a_bufs, b_bufs, sa_bufs, sb_bufs, ready, empty, d, it, nk, j_sb, WG: gl.constexpr, STAGES: gl.constexpr):
     """One tile's K loop of one consumer: acc [BM, WN] fp32 = sum over K steps of (wgmma 64x128x128)
-    * sa[row] * sb, with the scales of steps kb + 1, kb + 2 in registers (loaded two steps ahead)."""
-    sa0 = gl.load(as_ptr + offs_m)
-    sb0 = gl.load(bs_base)
-    k1 = gl.minimum(1, nk - 1)
-    sa1 = gl.load(as_ptr + k1 * stride_as + offs_m)
-    sb1 = gl.load(bs_base + k1)
+    * sa[row] * sb. The scales come with the stage (TMA): read from shared memory while the MMA runs."""
+    rows: gl.constexpr = gl.SliceLayout(1, d.type.layout)
+    l4: gl.constexpr = gl.BlockedLayout([4], [32], [4], [0])                 # every thread holds the 4 scales
+    sa_v = sa_bufs._reinterpret(gl.float32, [STAGES, BM], gl.SwizzledSharedLayout(1, 1, 1, [0]))
+    sb_v = sb_bufs._reinterpret(gl.float32, [STAGES, 4], gl.SwizzledSharedLayout(1, 1, 1, [0]))
+    pick = gl.arange(0, 4, l4) == j_sb
     acc = gl.zeros_like(d)
     for kb in range(nk):
-        k2 = gl.minimum(kb + 2, nk - 1)
-        sa2 = gl.load(as_ptr + k2 * stride_as + offs_m)
-        sb2 = gl.load(bs_base + k2)
         s = it % STAGES
         mbarrier.wait(ready.index(s), (it // STAGES) & 1)
         b = b_bufs.index(s).slice(WG * WN, WN, dim=0).permute((1, 0))       # [BK, WN], K-major
         d = warpgroup_mma(a_bufs.index(s), b, d, use_acc=False, is_async=True)
+        sb = gl.sum(gl.where(pick, sb_v.index(s).load(l4), 0.0), axis=0)
+        r = sa_v.index(s).load(rows) * sb                                    # [BM] row scale of this step
         d = warpgroup_mma_wait(0, deps=(d, ))
+        fence_async_shared()                                                  # our reads before the next TMA
         mbarrier.arrive(empty.index(s))                                       # both consumers -> refill
-        acc += d * gl.expand_dims(sa0 * sb0, 1)
-        sa0, sb0, sa1, sb1 = sa1, sb1, sa2, sb2
+        acc += d * gl.expand_dims(r, 1)
         it += 1
     return acc, d, it
 
@@ -117,9 +119,9 @@ def _consumer1(p, EPI: gl.constexpr, STAGES: gl.constexpr, GROUP_M: gl.constexpr
 @gluon.jit
 def _consumer(p, WG: gl.constexpr, EPI: gl.constexpr, STAGES: gl.constexpr, GROUP_M: gl.constexpr):
     """4 warps: columns [WG * WN, (WG + 1) * WN) of every tile of this CTA, K loop + epilogue."""
-    (a_desc, b_desc, a_bufs, b_bufs, ready, empty, xbar, amax_smem, as_ptr, bs_ptr, bias_ptr, c_ptr, cs_ptr,
-     sorted_ids_ptr, block_expert_ptr, weights_ptr, used_m, N, K, num_pairs, stride_as, stride_bse, stride_bsn,
-     stride_biase, stride_cm, stride_cs, limit, alpha) = p
+    (a_desc, b_desc, sa_desc, sb_desc, a_bufs, b_bufs, sa_bufs, sb_bufs, ready, empty, xbar, amax_smem, bias_ptr,
+     c_ptr, cs_ptr, sorted_ids_ptr, block_expert_ptr, weights_ptr, used_m, N, K, num_pairs, num_kb, stride_biase,
+     stride_cm, stride_cs, limit, alpha) = p
     mma: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1], instr_shape=[16, WN, 32])
     rows: gl.constexpr = gl.SliceLayout(1, mma)
     nk = gl.cdiv(K, BK)
@@ -132,10 +134,9 @@ def _consumer(p, WG: gl.constexpr, EPI: gl.constexpr, STAGES: gl.constexpr, GROU
         e = gl.load(block_expert_ptr + pid_m)
         n_w = pid_n * BN + WG * WN
         offs_m = pid_m * BM + gl.arange(0, BM, rows)                       # [BM]
-        bs_base = bs_ptr + e.to(gl.int64) * stride_bse + (n_w // 128) * stride_bsn
         b_ok = n_w < N                                                     # this half has real columns
         if b_ok:
-            acc, d, it = _k_loop(a_bufs, b_bufs, ready, empty, as_ptr, bs_base, offs_m, stride_as, d, it, nk, WG,
+            acc, d, it = _k_loop(a_bufs, b_bufs, sa_bufs, sb_bufs, ready, empty, d, it, nk, (n_w // 128) % 4, WG,
                                  STAGES)
         else:  # the tile's last half past N (N % 256 <= 128): only release the stages
             for kb in range(nk):
@@ -191,16 +192,18 @@ def _consumer(p, WG: gl.constexpr, EPI: gl.constexpr, STAGES: gl.constexpr, GROU
 
 @gluon.jit
 def moe_gemm_ws_kernel(
-    a_desc, as_ptr, b_desc, bs_ptr, bias_ptr, c_ptr, cs_ptr,
+    a_desc, sa_desc, b_desc, sb_desc, bias_ptr, c_ptr, cs_ptr,
     sorted_ids_ptr, block_expert_ptr, weights_ptr,
-    num_blocks_m, N, K, num_pairs,
-    stride_as, stride_bse, stride_bsn, stride_biase, stride_cm, stride_cs,
+    num_blocks_m, N, K, num_pairs, num_kb,
+    stride_biase, stride_cm, stride_cs,
     limit, alpha,
     EPI: gl.constexpr, STAGES: gl.constexpr, GROUP_M: gl.constexpr, CONSUMER_REGS: gl.constexpr,
     PRODUCER_REGS: gl.constexpr, num_warps: gl.constexpr,
 ):
     a_bufs = gl.allocate_shared_memory(gl.float8e4nv, [STAGES, BM, BK], a_desc.layout)
     b_bufs = gl.allocate_shared_memory(gl.float8e4nv, [STAGES, BN, BK], b_desc.layout)
+    sa_bufs = gl.allocate_shared_memory(gl.float32, [STAGES, 1, BM], sa_desc.layout)
+    sb_bufs = gl.allocate_shared_memory(gl.float32, [STAGES, 1, 4], sb_desc.layout)
     ready = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
     empty = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
     xbar = gl.allocate_shared_memory(gl.int64, [2, 1], mbarrier.MBarrierLayout())
@@ -212,9 +215,9 @@ def moe_gemm_ws_kernel(
         mbarrier.init(xbar.index(i), count=2)
     fence_async_shared()
     used_m = _count_used_blocks(block_expert_ptr, num_blocks_m, 1024, num_warps)
-    p = (a_desc, b_desc, a_bufs, b_bufs, ready, empty, xbar, amax_smem, as_ptr, bs_ptr, bias_ptr, c_ptr, cs_ptr,
-         sorted_ids_ptr, block_expert_ptr, weights_ptr, used_m, N, K, num_pairs, stride_as, stride_bse, stride_bsn,
-         stride_biase, stride_cm, stride_cs, limit, alpha)
+    p = (a_desc, b_desc, sa_desc, sb_desc, a_bufs, b_bufs, sa_bufs, sb_bufs, ready, empty, xbar, amax_smem, bias_ptr,
+         c_ptr, cs_ptr, sorted_ids_ptr, block_expert_ptr, weights_ptr, used_m, N, K, num_pairs, num_kb, stride_biase,
+         stride_cm, stride_cs, limit, alpha)
     gl.warp_specialize([(_consumer0, (p, EPI, STAGES, GROUP_M)), (_consumer1, (p, EPI, STAGES, GROUP_M)),
                         (_producer, (p, EPI, STAGES, GROUP_M))], [4, 1],
                        [CONSUMER_REGS, PRODUCER_REGS])

@@ -41,27 +41,38 @@ class GluonConfig:
 DEFAULT = GluonConfig()
 
 
-def gemm_ws(a: torch.Tensor, a_scale_t: torch.Tensor, w: torch.Tensor, w_scale: torch.Tensor, bias: torch.Tensor,
+def block_scales_by_k(w_scale: torch.Tensor) -> torch.Tensor:
+    """w_scale [E, NB, KB] -> [E * KB, NB4] fp32 (NB padded to a multiple of 4 with zeros): the scales of
+    one K step's weight blocks side by side, so the producer loads a tile's pair with one 16-byte TMA."""
+    E, nb, kb = w_scale.shape
+    out = torch.zeros((E, kb, triton.cdiv(nb, 4) * 4), dtype=torch.float32, device=w_scale.device)
+    out[:, :, :nb] = w_scale.transpose(1, 2)
+    return out.view(E * kb, -1)
+
+
+def _desc(t: torch.Tensor, block: list[int], dtype) -> TensorDescriptor:
+    return TensorDescriptor.from_tensor(t, block, gl.NVMMASharedLayout.get_default_for(block, dtype))
+
+
+def gemm_ws(a: torch.Tensor, a_scale_t: torch.Tensor, w: torch.Tensor, w_scale_k: torch.Tensor, bias: torch.Tensor,
             out: torch.Tensor, out_scale_t: torch.Tensor | None, al: AlignedPairs, weights: torch.Tensor, *,
             K: int, N: int, epi: int, limit: float, cfg: GluonConfig = DEFAULT) -> None:
-    """a [Mpad, >= K] fp8 (sorted rows), a_scale_t [ceil(K/128), Mpad]; w [E, N, K] fp8 contiguous,
-    w_scale [E, ceil(N/128), ceil(K/128)]; epi 1 -> out = h [Mpad, N/2] fp8 + out_scale_t; epi 2 -> out =
+    """a [Mpad, >= K] fp8 (sorted rows), a_scale_t [ceil(K/128), Mpad] fp32; w [E, N, K] fp8 contiguous,
+    w_scale_k = block_scales_by_k(w_scale); epi 1 -> out = h [Mpad, N/2] fp8 + out_scale_t; epi 2 -> out =
     y [P, N] (pair order)."""
     if al.block_m != BM:
         raise ValueError(f"the Gluon MoE GEMM needs 64-row align blocks, got {al.block_m}")
-    if not w.is_contiguous() or w_scale.stride(-1) != 1:
-        raise ValueError("the Gluon MoE GEMM needs contiguous expert weights and scales")
+    if not w.is_contiguous():
+        raise ValueError("the Gluon MoE GEMM needs contiguous expert weights")
     E = w.shape[0]
-    a_desc = TensorDescriptor.from_tensor(a, [BM, BK], gl.NVMMASharedLayout.get_default_for([BM, BK], gl.float8e4nv))
-    w2 = w.view(E * N, w.shape[2])                                      # rows past an expert's N: see the kernel
-    b_desc = TensorDescriptor.from_tensor(w2, [BN, BK], gl.NVMMASharedLayout.get_default_for([BN, BK], gl.float8e4nv))
     nbm = al.padded_rows // BM
     sms = torch.cuda.get_device_properties(a.device).multi_processor_count
     progs = max(1, min(cfg.programs_per_sm * sms, nbm * triton.cdiv(N, BN)))
     moe_gemm_ws_kernel[(progs, )](
-        a_desc, a_scale_t, b_desc, w_scale, bias, out, out_scale_t if out_scale_t is not None else out,
-        al.sorted_ids, al.block_expert, weights, nbm, N, K, al.num_pairs,
-        a_scale_t.stride(0), w_scale.stride(0), w_scale.stride(1), bias.stride(0), out.stride(0),
+        _desc(a, [BM, BK], gl.float8e4nv), _desc(a_scale_t, [1, BM], gl.float32),
+        _desc(w.view(E * N, w.shape[2]), [BN, BK], gl.float8e4nv), _desc(w_scale_k, [1, 4], gl.float32),
+        bias, out, out_scale_t if out_scale_t is not None else out, al.sorted_ids, al.block_expert, weights,
+        nbm, N, K, al.num_pairs, triton.cdiv(K, BK), bias.stride(0), out.stride(0),
         out_scale_t.stride(0) if out_scale_t is not None else 0, float(limit), SWIGLU_ALPHA,
         EPI=epi, STAGES=cfg.stages, GROUP_M=cfg.group_m, CONSUMER_REGS=cfg.consumer_regs,
         PRODUCER_REGS=cfg.producer_regs, num_warps=4, maxnreg=cfg.maxnreg,
@@ -78,20 +89,29 @@ class GluonMoeRun(MoeRun):
 
     def gluon_ok(self) -> bool:
         ex = self.experts
-        return self._large() and ex.gate_up.is_contiguous() and ex.down.is_contiguous()
+        return (self._large() and ex.gate_up.is_contiguous() and ex.down.is_contiguous()
+                and tma_ok(self.xs_t, self.hs_t))
+
+    def _scales_by_k(self, name: str) -> torch.Tensor:
+        """The expert's weight scales in the kernel's [E * KB, NB4] layout, made once per weight."""
+        d = self.experts.derived
+        key = f"gluon_{name}_scale_by_k"
+        if key not in d:
+            d[key] = block_scales_by_k(getattr(self.experts, f"{name}_scale"))
+        return d[key]
 
     def gate_up(self) -> None:
         if not self.gluon_ok():
             return super().gate_up()
         ex = self.experts
-        gemm_ws(self.xq, self.xs_t, ex.gate_up, ex.gate_up_scale, ex.gate_up_bias, self.h, self.hs_t, self.al,
+        gemm_ws(self.xq, self.xs_t, ex.gate_up, self._scales_by_k("gate_up"), ex.gate_up_bias, self.h, self.hs_t, self.al,
                 self.weights, K=self.H, N=2 * self.I, epi=1, limit=self.limit, cfg=self.cfg)
 
     def down(self) -> None:
         if not self.gluon_ok():
             return super().down()
         ex = self.experts
-        gemm_ws(self.h, self.hs_t, ex.down, ex.down_scale, ex.down_bias, self.y, None, self.al, self.weights,
+        gemm_ws(self.h, self.hs_t, ex.down, self._scales_by_k("down"), ex.down_bias, self.y, None, self.al, self.weights,
                 K=self.I, N=self.H, epi=2, limit=self.limit, cfg=self.cfg)
 
 
