@@ -36,6 +36,7 @@ class GluonConfig:
     producer_regs: int = 40
     maxnreg: int = 168
     programs_per_sm: int = 1
+    down: bool = True          # False: the down GEMM stays on the Triton large kernel
 
 
 DEFAULT = GluonConfig()
@@ -108,7 +109,7 @@ class GluonMoeRun(MoeRun):
                 self.weights, K=self.H, N=2 * self.I, epi=1, limit=self.limit, cfg=self.cfg)
 
     def down(self) -> None:
-        if not self.gluon_ok():
+        if not (self.cfg.down and self.gluon_ok()):
             return super().down()
         ex = self.experts
         gemm_ws(self.h, self.hs_t, ex.down, self._scales_by_k("down"), ex.down_bias, self.y, None, self.al, self.weights,
