@@ -49,14 +49,14 @@ def compile_check(out: str | None) -> int:
     al = gl.NVMMASharedLayout.get_default_for([64, 128], gl.float8e4nv)
     bl = gl.NVMMASharedLayout.get_default_for([256, 128], gl.float8e4nv)
     sal = gl.NVMMASharedLayout.get_default_for([1, 64], gl.float32)
-    sbl = gl.NVMMASharedLayout.get_default_for([1, 4], gl.float32)
+    sbl = gl.NVMMASharedLayout.get_default_for([8, 4], gl.float32)
     rows = []
     for name, cfg in _configs().items():
         if not cfg.down:
             continue
         for epi in (1, 2):
             sig = {n: "i32" for n in kern.arg_names}
-            sig.update(sa_desc=f"tensordesc<fp32[1, 64],{sal!r}>", sb_desc=f"tensordesc<fp32[1, 4],{sbl!r}>")
+            sig.update(sa_desc=f"tensordesc<fp32[1, 64],{sal!r}>", sb_desc=f"tensordesc<fp32[8, 4],{sbl!r}>")
             sig.update(a_desc=f"tensordesc<fp8e4nv[64, 128],{al!r}>", b_desc=f"tensordesc<fp8e4nv[256, 128],{bl!r}>",
                        bias_ptr="*bf16", c_ptr="*fp8e4nv" if epi == 1 else "*bf16",
                        cs_ptr="*fp32", sorted_ids_ptr="*i32", block_expert_ptr="*i32", weights_ptr="*bf16",

@@ -73,7 +73,7 @@ def _producer(p, EPI: gl.constexpr, STAGES: gl.constexpr, GROUP_M: gl.constexpr)
             s = it % STAGES
             bar = ready.index(s)
             mbarrier.wait(empty.index(s), ((it // STAGES) & 1) ^ 1)
-            mbarrier.expect(bar, BM * BK + BN * BK + BM * 4 + 16)
+            mbarrier.expect(bar, BM * BK + BN * BK + BM * 4 + 8 * 16)
             tma.async_copy_global_to_shared(a_desc, [pid_m * BM, kb * BK], bar, a_bufs.index(s))
             tma.async_copy_global_to_shared(b_desc, [row_b, kb * BK], bar, b_bufs.index(s))
             tma.async_copy_global_to_shared(sa_desc, [kb, pid_m * BM], bar, sa_bufs.index(s))
@@ -88,7 +88,7 @@ def _k_loop(a_bufs, b_bufs, sa_bufs, sb_bufs, ready, empty, d, it, nk, j_sb, WG:
     rows: gl.constexpr = gl.SliceLayout(1, d.type.layout)
     l4: gl.constexpr = gl.BlockedLayout([4], [32], [4], [0])                 # every thread holds the 4 scales
     sa_v = sa_bufs._reinterpret(gl.float32, [STAGES, BM], gl.SwizzledSharedLayout(1, 1, 1, [0]))
-    sb_v = sb_bufs._reinterpret(gl.float32, [STAGES, 4], gl.SwizzledSharedLayout(1, 1, 1, [0]))
+    sb_v = sb_bufs._reinterpret(gl.float32, [STAGES, 32], gl.SwizzledSharedLayout(1, 1, 1, [0]))
     pick = gl.arange(0, 4, l4) == j_sb
     acc = gl.zeros_like(d)
     for kb in range(nk):
@@ -96,7 +96,7 @@ def _k_loop(a_bufs, b_bufs, sa_bufs, sb_bufs, ready, empty, d, it, nk, j_sb, WG:
         mbarrier.wait(ready.index(s), (it // STAGES) & 1)
         b = b_bufs.index(s).slice(WG * WN, WN, dim=0).permute((1, 0))       # [BK, WN], K-major
         d = warpgroup_mma(a_bufs.index(s), b, d, use_acc=False, is_async=True)
-        sb = gl.sum(gl.where(pick, sb_v.index(s).load(l4), 0.0), axis=0)
+        sb = gl.sum(gl.where(pick, sb_v.index(s).slice(0, 4).load(l4), 0.0), axis=0)
         r = sa_v.index(s).load(rows) * sb                                    # [BM] row scale of this step
         d = warpgroup_mma_wait(0, deps=(d, ))
         fence_async_shared()                                                  # our reads before the next TMA
@@ -203,7 +203,7 @@ def moe_gemm_ws_kernel(
     a_bufs = gl.allocate_shared_memory(gl.float8e4nv, [STAGES, BM, BK], a_desc.layout)
     b_bufs = gl.allocate_shared_memory(gl.float8e4nv, [STAGES, BN, BK], b_desc.layout)
     sa_bufs = gl.allocate_shared_memory(gl.float32, [STAGES, 1, BM], sa_desc.layout)
-    sb_bufs = gl.allocate_shared_memory(gl.float32, [STAGES, 1, 4], sb_desc.layout)
+    sb_bufs = gl.allocate_shared_memory(gl.float32, [STAGES, 8, 4], sb_desc.layout)  # 128 B: TMA alignment
     ready = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
     empty = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
     xbar = gl.allocate_shared_memory(gl.int64, [2, 1], mbarrier.MBarrierLayout())

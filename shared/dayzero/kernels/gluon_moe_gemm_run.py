@@ -71,7 +71,7 @@ def gemm_ws(a: torch.Tensor, a_scale_t: torch.Tensor, w: torch.Tensor, w_scale_k
     progs = max(1, min(cfg.programs_per_sm * sms, nbm * triton.cdiv(N, BN)))
     moe_gemm_ws_kernel[(progs, )](
         _desc(a, [BM, BK], gl.float8e4nv), _desc(a_scale_t, [1, BM], gl.float32),
-        _desc(w.view(E * N, w.shape[2]), [BN, BK], gl.float8e4nv), _desc(w_scale_k, [1, 4], gl.float32),
+        _desc(w.view(E * N, w.shape[2]), [BN, BK], gl.float8e4nv), _desc(w_scale_k, [8, 4], gl.float32),
         bias, out, out_scale_t if out_scale_t is not None else out, al.sorted_ids, al.block_expert, weights,
         nbm, N, K, al.num_pairs, triton.cdiv(K, BK), bias.stride(0), out.stride(0),
         out_scale_t.stride(0) if out_scale_t is not None else 0, float(limit), SWIGLU_ALPHA,
