@@ -1,7 +1,11 @@
-"""Decode-sized MoE (1-64 tokens): the two-launch path (``triton_moe_small``) vs the aligned small-M
-path of ``triton_moe`` (``MoeRun(small=True)``: 3 align launches, gate_up, down, combine).
+"""Decode-sized MoE (1-64 tokens): the split-K path (``triton_moe_small_split``, every candidate in
+``VARIANTS``) vs the aligned small-M path of ``triton_moe`` (``MoeRun(small=True)``: 3 align launches,
+gate_up, down, combine), and at T = 1 the two-launch path of session 2 (``triton_moe_small``).
 
-    PYTHONPATH=shared python bench/moe/bench_small.py --out DIR [--quick]
+    PYTHONPATH=shared python bench/moe/bench_small.py --out DIR [--quick] [--jobs N]
+
+Compiling every (variant, T) takes minutes one by one, so ``--jobs`` worker processes first run
+each configuration once (filling Triton's on-disk cache) and the timing process then loads them.
 
 What counts for decode is GPU time inside a CUDA graph (the engine replays decode in graphs), so
 each case captures R calls with R different routings (each call its own buffers) in one graph,
@@ -15,7 +19,6 @@ Writes DIR/moe-small.json after every section.
 from __future__ import annotations
 
 import argparse
-import dataclasses
 import os
 import statistics
 import sys
@@ -26,7 +29,9 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from common import COPY_TBS, Results, graph_us, median_ms, random_experts  # noqa: E402
 
 from dayzero.kernels.triton_moe import MoeRun  # noqa: E402
-from dayzero.kernels.triton_moe_small import MoeSmall, default_tiles  # noqa: E402
+from dayzero.kernels.triton_moe_small import MoeSmall  # noqa: E402
+from dayzero.kernels.triton_moe_small_split import VARIANTS, MoeSplit  # noqa: E402
+from dayzero.kernels.triton_moe_small_split import default_tiles as split_default  # noqa: E402
 
 H = I = 2880
 K_TOP = 4
@@ -59,24 +64,42 @@ def routings(T: int, E: int, seed: int) -> list[tuple[torch.Tensor, torch.Tensor
     return out
 
 
-def variants(T: int, full: bool) -> dict:
-    """Default tiles, the other combine and the plan launch; with ``full`` (20B) a few tile
-    alternatives at chosen T (each is a compile, so few)."""
-    base = default_tiles(T)
-    v = {"small2": base, "small2_" + ("unfused" if base.fused_combine else "fused"):
-         dataclasses.replace(base, fused_combine=not base.fused_combine),
-         "small2_plan": dataclasses.replace(base, plan=True)}
-    if full and T >= 16:
-        v["small2_bn64"] = dataclasses.replace(base, bn_gate_up=64, bn_down=64)
-    if full and T in (1, 64):
-        v["small2_maxnreg128"] = dataclasses.replace(base, maxnreg=128)
-        v["small2_plan_maxnreg96"] = dataclasses.replace(base, plan=True, maxnreg=96)
-    if full and T == 1:
-        v["small2_warps2"] = dataclasses.replace(base, warps=2)
-    return v
+def makers(T: int, E: int, ex) -> dict:
+    """name -> (x, weights, ids) -> a call object with ``__call__`` (and stage methods)."""
+    m = {f"split_{name}": (lambda x, w, i, t=t: MoeSplit(x, w, i, ex, LIMIT, t)) for name, t in VARIANTS.items()
+         if name in os.environ.get("MOE_SMALL_VARIANTS", name).split(",")}
+    m["old_small"] = lambda x, w, i: MoeRun(x, w, i, ex, LIMIT, small=True)
+    if T == 1:
+        m["small2"] = lambda x, w, i: MoeSmall(x, w, i, ex, LIMIT)
+    return m
 
 
-def sweep(res: Results, E: int, Ts, full: bool, out_dir: str) -> None:
+def _compile_job(job: tuple) -> str:
+    """Worker: run every configuration of (E, T) once (Triton compiles and caches its kernels)."""
+    E, T = job
+    try:
+        ex = random_experts(E, H, I, seed=E + 3)
+        x = torch.randn(T, H, device=DEV).bfloat16()
+        w, ids = routings(T, E, seed=T)[0]
+        for make in makers(T, E, ex).values():
+            make(x, w, ids)()
+        torch.cuda.synchronize()
+        return f"E{E} T{T} ok"
+    except Exception as exc:  # noqa: BLE001 - the timing pass records it again
+        return f"E{E} T{T} {exc!r}"[:300]
+
+
+def precompile(res: Results, jobs: list, n: int) -> None:
+    import multiprocessing as mp
+    import time
+
+    t0 = time.time()
+    with mp.get_context("spawn").Pool(n) as pool:
+        msgs = pool.map(_compile_job, jobs, chunksize=1)
+    res.add(section="precompile", jobs=len(jobs), workers=n, s=round(time.time() - t0, 1), msgs=msgs)
+
+
+def sweep(res: Results, E: int, Ts, out_dir: str) -> None:
     ex = random_experts(E, H, I, seed=E + 3)
     per_expert = expert_bytes(ex)
     for T in Ts:
@@ -86,22 +109,24 @@ def sweep(res: Results, E: int, Ts, full: bool, out_dir: str) -> None:
         mb = touched * per_expert / 1e6
         base = dict(E=E, T=T, experts_touched=touched, mb_touched=round(mb, 1),
                     floor_us=mb / COPY_TBS, target_us=mb / (0.7 * COPY_TBS))
-        makers = {name: (lambda x, w, i, t=t: MoeSmall(x, w, i, ex, LIMIT, t)) for name, t in variants(T, full).items()}
-        makers["old_small"] = lambda x, w, i: MoeRun(x, w, i, ex, LIMIT, small=True)
-        for name, make in makers.items():
+        default = next(n for n, t in VARIANTS.items() if t == split_default(T))
+        for name, make in makers(T, E, ex).items():
             try:
                 runs = [make(x, w, i) for x, (w, i) in zip(xs, routes)]
                 us = graph_us(runs)
             except Exception as exc:  # noqa: BLE001 - record and go on with the other variants
                 res.add(section="small_graph", variant=name, error=repr(exc)[:300], **base)
                 continue
-            res.add(section="small_graph", variant=name, us=us, tbs=mb / us, frac_copy=mb / us / COPY_TBS, **base)
-            if name in ("small2", "old_small"):
+            extra = dict(splits=[runs[0].s1, runs[0].s2], fused=runs[0].fused) if name.startswith("split_") else {}
+            res.add(section="small_graph", variant=name, us=us, tbs=mb / us, frac_copy=mb / us / COPY_TBS,
+                    **extra, **base)
+            if name in (f"split_{default}", "old_small"):
                 res.add(section="small_eager", variant=name, us_host_bound=median_ms(runs[0]) * 1e3, **base)
-            if name == "small2":  # per-stage GPU time, each stage alone in its graph
-                for stage in MoeSmall.STAGES:
-                    res.add(section="small_stage", variant=name, stage=stage,
-                            us=graph_us([getattr(r, stage) for r in runs]), **base)
+            if name == f"split_{default}":  # per-stage GPU time, each launched stage alone in its graph
+                for stage in ("plan", "gate_up", "down", "combine"):
+                    if stage in ("gate_up", "down") or not runs[0].fused:
+                        res.add(section="small_stage", variant=name, stage=stage,
+                                us=graph_us([getattr(r, stage) for r in runs]), **base)
             del runs
         res.write(out_dir)
 
@@ -110,6 +135,7 @@ def main() -> int:
     ap = argparse.ArgumentParser()
     ap.add_argument("--out", default=os.environ.get("OUT", "."))
     ap.add_argument("--quick", action="store_true")
+    ap.add_argument("--jobs", type=int, default=14, help="compile worker processes (0: compile while timing)")
     args = ap.parse_args()
     res = Results("moe-small")
     a = torch.empty(1 << 30, dtype=torch.uint8, device=DEV)
@@ -118,8 +144,10 @@ def main() -> int:
     res.add(section="ceiling", name="copy_1GiB", ms=ms, tbs=2 * a.numel() / ms / 1e9)
     del a, b
     Ts = (1, 4, 16, 64) if args.quick else (1, 2, 4, 8, 16, 32, 64)
-    res.section("sweep_E32", sweep, 32, Ts, True, args.out)
-    res.section("sweep_E128", sweep, 128, (1, 16, 64) if args.quick else Ts, False, args.out)
+    if args.jobs:
+        res.section("precompile", precompile, [(E, T) for E in (32, 128) for T in Ts], args.jobs)
+    res.section("sweep_E32", sweep, 32, Ts, args.out)
+    res.section("sweep_E128", sweep, 128, Ts, args.out)
     print("wrote", res.write(args.out), "errors:", len(res.errors))
     return 0
 

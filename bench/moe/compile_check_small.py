@@ -1,12 +1,13 @@
-"""Compile the decode MoE kernels (``triton_moe_small_kernels``) for sm_90 on a machine WITHOUT a GPU
-and report registers per thread, spills, shared memory and the programs per SM they allow (65536
-registers, ~227 KB shared memory, 128 threads per program). Uses Triton's bundled cuobjdump.
+"""Compile the decode MoE kernels (``triton_moe_small_kernels`` and the split-K
+``triton_moe_small_split_kernels``) for sm_90 on a machine WITHOUT a GPU and report registers per
+thread, spills, shared memory, the programs per SM they allow (65536 registers, ~227 KB shared
+memory, 32 * warps threads per program) and how many loads the pipeliner turned into async copies.
+Uses Triton's bundled cuobjdump.
 
-    PYTHONPATH=shared python bench/moe/compile_check_small.py
+    PYTHONPATH=shared python bench/moe/compile_check_small.py [--split-only]
 
-Each row: kernel, tiles (bm, bn, plan, maxnreg). Integer arguments that a real launch sees as
-multiples of 16 (pointers, K, N, E, most strides) get the same divisibility hint here, so the loads
-vectorise and pipeline as they do on the device.
+Integer arguments that a real launch sees as multiples of 16 (pointers, K, N, E, most strides) get
+the same divisibility hint here, so the loads vectorise and pipeline as they do on the device.
 """
 
 from __future__ import annotations
@@ -14,6 +15,7 @@ from __future__ import annotations
 import os
 import re
 import subprocess
+import sys
 import tempfile
 
 import triton
@@ -21,22 +23,21 @@ from triton.backends.compiler import GPUTarget
 from triton.compiler.compiler import ASTSource
 
 from dayzero.kernels import triton_moe_small_kernels as K
+from dayzero.kernels import triton_moe_small_split_kernels as S
 
 BIN = os.path.join(os.path.dirname(triton.__file__), "backends", "nvidia", "bin")
-NOT_DIV16 = {"T", "n_tiles", "stride_se", "stride_sn", "cnt_total", "limit", "alpha", "offset"}
+NOT_DIV16 = {"T", "n_tiles", "stride_se", "stride_sn", "cnt_total", "limit", "alpha", "offset", "P"}
 TYPES = {"x_ptr": "*bf16", "h_ptr": "*bf16", "ids_ptr": "*i64", "wt_ptr": "*bf16", "w_ptr": "*fp8e4nv",
          "s_ptr": "*fp32", "b_ptr": "*bf16", "y_ptr": "*fp32", "out_ptr": "*bf16", "cnt_ptr": "*i32",
-         "slot_e_ptr": "*i32", "slot_cnt_ptr": "*i32", "slot_pairs_ptr": "*i32", "limit": "fp32", "alpha": "fp32"}
+         "slot_e_ptr": "*i32", "slot_cnt_ptr": "*i32", "slot_pairs_ptr": "*i32", "limit": "fp32", "alpha": "fp32",
+         "ws_ptr": "*fp32", "ticket_ptr": "*i32"}
 
 
-def check(kernel, bm: int, bn: int, plan: bool, maxnreg: int) -> dict:
-    consts = dict(TOPK=4, TB=64, KP=4, EB=64, BM=bm, BN=bn, BK_=128, KBP=32, PLAN=plan, DOT_F32=False)
-    if kernel is K.down_kernel:
-        consts["FUSED"] = False
+def check(kernel, consts: dict, warps: int = 4, stages: int = 4, maxnreg: int = 0) -> dict:
     sig = {n: ("constexpr" if n in consts else TYPES.get(n, "i32")) for n in kernel.arg_names}
     attrs = {(i,): [["tt.divisibility", 16]] for i, n in enumerate(kernel.arg_names)
              if n not in consts and n not in NOT_DIV16}
-    opts = dict(num_warps=4, num_stages=4, **({"maxnreg": maxnreg} if maxnreg else {}))
+    opts = dict(num_warps=warps, num_stages=stages, **({"maxnreg": maxnreg} if maxnreg else {}))
     k = triton.compile(ASTSource(kernel, sig, consts, attrs), target=GPUTarget("cuda", 90, 32), options=opts)
     with tempfile.TemporaryDirectory() as d:
         cubin = os.path.join(d, "k.cubin")
@@ -46,16 +47,47 @@ def check(kernel, bm: int, bn: int, plan: bool, maxnreg: int) -> dict:
         sass = subprocess.run([os.path.join(BIN, "cuobjdump"), "-sass", cubin], capture_output=True, text=True).stdout
     regs = int(re.search(r"REG:(\d+)", res).group(1))
     smem = k.metadata.shared + 1024  # + the per-program reserve
-    per_sm = min(65536 // (128 * -(-regs // 8) * 8), 227 * 1024 // smem, 32)
-    return dict(kernel=kernel.fn.__name__, bm=bm, bn=bn, plan=plan, maxnreg=maxnreg, regs=regs,
+    threads = 32 * warps
+    per_sm = min(65536 // (threads * -(-regs // 8) * 8), 227 * 1024 // smem, 2048 // threads, 32)
+    return dict(kernel=f"{kernel.fn.__module__.rsplit('_', 1)[-1]}.{kernel.fn.__name__}", regs=regs,
                 local_ld_st=sass.count("LDL") + sass.count("STL"), smem=smem, programs_per_sm=per_sm,
-                async_copies="LDGSTS" in sass)
+                async_copies=k.asm["ttgir"].count("async_copy_global_to_local"),
+                ldg128=sass.count("LDG.E.128"), ldgsts=sass.count("LDGSTS"))
+
+
+SPLIT_VARIANTS = {  # label: (bn, ku, stages, warps); the device bench times the same rows (bench_small.SPLIT_VARIANTS)
+    "bn32": (32, 1, 4, 4), "bn32_st6": (32, 1, 6, 4), "bn64": (64, 1, 4, 4), "bn64_st6": (64, 1, 6, 4),
+    "bn32_ku2": (32, 2, 4, 4), "bn64_ku2_w8": (64, 2, 3, 8), "bn128_w8": (128, 1, 4, 8),
+}
+
+
+def split_configs(labels=None):
+    """(label, kernel, consts, warps, stages) of the split-K variants: T = 1 (fused: leader slots,
+    split 2) and T = 64 (plan tables, no split)."""
+    for name, kern in (("gate_up", S.gate_up_kernel), ("down", S.down_kernel)):
+        for label, (bn, ku, stages, warps) in SPLIT_VARIANTS.items():
+            if labels and label not in labels:
+                continue
+            for fused, split in ((True, 2), (False, 1)):
+                per = -(-(-(-23 // split)) // ku) * ku
+                consts = dict(TOPK=4, TB=64, PB=16 if fused else 32, BM=16, BN=bn, BK_=128, KU=ku, SPLIT=split,
+                              KBP=triton.next_power_of_2(per), PLAN=not fused, ONE_CHUNK=fused,
+                              DOT_F32=False)
+                if kern is S.down_kernel:
+                    consts["FUSE"] = fused
+                yield f"{name} {label} {'T1' if fused else 'T64'}", kern, consts, warps, stages
 
 
 def main() -> int:
-    for kernel in (K.gate_up_kernel, K.down_kernel):
-        for plan, maxnreg in ((False, 0), (False, 128), (True, 0), (True, 96)):
-            print(check(kernel, 16, 32, plan, maxnreg), flush=True)
+    if "--split-only" not in sys.argv:
+        for kernel in (K.gate_up_kernel, K.down_kernel):
+            for plan, maxnreg in ((False, 0), (False, 128), (True, 0), (True, 96)):
+                consts = dict(TOPK=4, TB=64, KP=4, EB=64, BM=16, BN=32, BK_=128, KBP=32, PLAN=plan, DOT_F32=False)
+                if kernel is K.down_kernel:
+                    consts["FUSED"] = False
+                print(f"plan={plan} maxnreg={maxnreg}", check(kernel, consts, maxnreg=maxnreg), flush=True)
+    for label, kern, consts, warps, stages in split_configs():
+        print(label, check(kern, consts, warps, stages), flush=True)
     return 0
 
 

@@ -1,4 +1,5 @@
-"""Decode-sized fused MoE (``triton_moe_small``) vs the torch reference ``moe_experts``.
+"""Decode-sized fused MoE (``triton_moe_small`` and the split-K ``triton_moe_small_split``) vs the
+torch reference ``moe_experts``.
 
 Fresh random inputs per case; the allocator's free memory is NaN-poisoned before each call so an
 unwritten output element shows up. ``exact`` is the torch op on the dequantized (fp32) expert
@@ -61,8 +62,9 @@ def inputs(T: int, E_global: int, H: int, seed: int, repeated: bool = False):
     return x, w, ids
 
 
-def check(name, T, seed, tiles=None, repeated=False, offset=0, E_local=None):
+def check(name, T, seed, tiles=None, repeated=False, offset=0, E_local=None, split=False):
     from dayzero.kernels.triton_moe_small import moe_small
+    from dayzero.kernels.triton_moe_small_split import moe_split
 
     q, d = experts(name)
     E, H, _ = SHAPES[name]
@@ -76,7 +78,7 @@ def check(name, T, seed, tiles=None, repeated=False, offset=0, E_local=None):
     ref_out = ref.moe_experts(x, w, ids, q, LIMIT)
     exact = ref.moe_experts(x, w, ids, d, LIMIT)
     poison()
-    out = moe_small(x, w, ids, q, LIMIT, tiles)
+    out = (moe_split if split else moe_small)(x, w, ids, q, LIMIT, tiles)
     assert out.shape == (T, H) and out.dtype == torch.bfloat16
     assert torch.isfinite(out).all(), "unwritten (NaN) or non-finite output elements"
     e_ref = rel(ref_out, exact)
@@ -150,20 +152,120 @@ def test_deterministic_and_graph_replay_equals_eager(variant):
         assert torch.equal(out, moe_small(x2, w2, ids2, q, LIMIT, tiles))
 
 
-def test_registered_op_takes_small_path_and_rejects_bad_input():
+def test_registered_op_takes_split_path_and_small_rejects_bad_input():
     from dayzero.kernels.registry import get_ops
-    from dayzero.kernels.triton_moe_small import DECODE_MAX_PAIRS, moe_small
+    from dayzero.kernels.triton_moe_small import moe_small
+    from dayzero.kernels.triton_moe_small_split import DECODE_MAX_PAIRS, moe_split
 
     q, _ = experts("20b")
     E, H, _ = SHAPES["20b"]
     x, w, ids = inputs(3, E, H, seed=4)
-    if DEV == "cuda":  # the op's path for 12 pairs: this one when DECODE_MAX_PAIRS allows, else the aligned one
+    if DEV == "cuda":  # the op's path for 12 pairs: split-K when DECODE_MAX_PAIRS allows, else the aligned one
         from dayzero.kernels.triton_moe import fused_moe
 
-        want = moe_small(x, w, ids, q, LIMIT) if 3 * K_TOP <= DECODE_MAX_PAIRS else fused_moe(x, w, ids, q, LIMIT)
+        want = moe_split(x, w, ids, q, LIMIT) if 3 * K_TOP <= DECODE_MAX_PAIRS else fused_moe(x, w, ids, q, LIMIT)
         assert torch.equal(get_ops("triton").moe_experts(x, w, ids, q, LIMIT), want)
     with pytest.raises(ValueError, match="shapes disagree"):
         moe_small(x[:, :-1], w, ids, q, LIMIT)
     with pytest.raises(ValueError, match="fp8"):
         moe_small(x, w, ids, ExpertWeights(q.gate_up, q.gate_up_bias, q.down, q.down_bias), LIMIT)
     assert moe_small(x[:0], w[:0], ids[:0], q, LIMIT).shape == (0, H)
+
+
+# ---- split-K path (triton_moe_small_split): every candidate configuration at every test T ----
+
+def _split_variants():
+    from dayzero.kernels.triton_moe_small_split import VARIANTS
+
+    return VARIANTS
+
+
+def _tickets_zero(q: ExpertWeights) -> bool:
+    return all(int(v.abs().sum()) == 0 for k, v in q.derived.items() if k.startswith("moe_split_tickets"))
+
+
+SPLIT_TS = [1, 2, 7, 16, 33, 64] if DEV == "cuda" else [1, 5, 9]
+
+
+@pytest.mark.parametrize("variant", list(_split_variants()))
+@pytest.mark.parametrize("T", SPLIT_TS)
+@pytest.mark.parametrize("name", ["20b", "120b"])
+def test_split_vs_reference(name, T, variant):
+    check(name, T, seed=T, tiles=_split_variants()[variant], split=True)
+    assert _tickets_zero(experts(name)[0])  # every ticket reset by its last user
+
+
+@pytest.mark.parametrize("T,tiles", [(5, {}), (20, {}), (64, {"bn_gate_up": 64, "bn_down": 64}),
+                                     (6, {"split_gate_up": 3, "split_down": 5})])
+def test_split_repeated_experts(T, tiles):
+    # every token routes to experts 1..4: each gets all T rows (T > 16: the chunk loop over the plan table)
+    from dayzero.kernels.triton_moe_small_split import SplitTiles
+
+    check("20b", T, seed=200 + T, tiles=SplitTiles(**tiles), repeated=True, split=True)
+
+
+@pytest.mark.parametrize("T", [6, 24])   # 24 pairs: fused combine, leader slots; 96: plan + combine launch
+def test_split_expert_parallel_slice_and_unrouted_tokens(T):
+    out, exact, ids = check("120b", T, seed=11, offset=8, E_local=8, split=True)
+    local = ((ids >= 8) & (ids < 16)).any(1)
+    assert (~local).any() and local.any()
+    assert (out[~local] == 0).all()
+
+
+@pytest.mark.parametrize("T", [2, 24])
+def test_split_no_local_route_gives_zeros(T):
+    from dayzero.kernels.triton_moe_small_split import moe_split
+
+    q, _ = experts("120b")
+    E, H, _ = SHAPES["120b"]
+    x, w, ids = inputs(T, E, H, seed=5)
+    ids = ids % 4                                           # every route on experts 0..3
+    sl = slice(8, 16)                                       # this rank owns 8..15: nothing routed here
+    qs = ExpertWeights(q.gate_up[sl], q.gate_up_bias[sl], q.down[sl], q.down_bias[sl], q.gate_up_scale[sl],
+                       q.down_scale[sl], derived={"expert_offset": 8})
+    poison()
+    out = moe_split(x, w, ids, qs, LIMIT)
+    assert out.shape == (T, H) and (out == 0).all()
+
+
+@pytest.mark.parametrize("T", [2, 16])   # fused (leader slots, tickets in down) and plan + combine
+def test_split_deterministic_and_graph_replay_equals_eager(T):
+    from dayzero.kernels.triton_moe_small_split import MoeSplit, moe_split
+
+    if DEV != "cuda":
+        pytest.skip("CUDA graphs need a GPU")
+    q, _ = experts("20b")
+    E, H, _ = SHAPES["20b"]
+    x, w, ids = inputs(T, E, H, seed=1)
+    run = MoeSplit(x, w, ids, q, LIMIT)
+    first = run().clone()
+    assert torch.equal(run(), first)                                        # bitwise repeatable
+    g = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(g):
+        out = run()
+    for seed in (2, 3):
+        x2, w2, ids2 = inputs(T, E, H, seed=seed)
+        run.x.copy_(x2)
+        run.weights.copy_(w2)
+        run.ids.copy_(ids2)
+        g.replay()
+        torch.cuda.synchronize()
+        assert torch.equal(out, moe_split(x2, w2, ids2, q, LIMIT))
+    assert _tickets_zero(q)
+
+
+def test_split_rejects_bad_input():
+    from dayzero.kernels.triton_moe_small_split import SplitTiles, moe_split
+
+    q, _ = experts("20b")
+    E, H, _ = SHAPES["20b"]
+    x, w, ids = inputs(3, E, H, seed=4)
+    with pytest.raises(ValueError, match="shapes disagree"):
+        moe_split(x[:, :-1], w, ids, q, LIMIT)
+    with pytest.raises(ValueError, match="fp8"):
+        moe_split(x, w, ids, ExpertWeights(q.gate_up, q.gate_up_bias, q.down, q.down_bias), LIMIT)
+    with pytest.raises(ValueError, match="N tile"):
+        moe_split(x, w, ids, q, LIMIT, SplitTiles(bn_gate_up=48))
+    with pytest.raises(ValueError, match="bf16"):
+        moe_split(x.float(), w, ids, q, LIMIT)
+    assert moe_split(x[:0], w[:0], ids[:0], q, LIMIT).shape == (0, H)

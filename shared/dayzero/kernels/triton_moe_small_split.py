@@ -1,0 +1,188 @@
+"""Split-K fused MoE for decode-sized batches: two to four launches ([plan], gate_up, down, [combine]).
+
+``MoeSplit`` allocates the buffers of one call and launches the kernels of
+``triton_moe_small_split_kernels`` (read its docstring for the algorithm). Same contract as
+``triton_moe_small.MoeSmall``: bf16 activations, FP8 experts with 128x128 block scales, expert
+parallel through ``experts.derived["expert_offset"]``, static shapes for a given T and no host
+syncs (CUDA-graph capturable), bitwise repeatable (partials are summed in a fixed order).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+import triton
+
+from .triton_moe_small_split_kernels import combine_kernel, down_kernel, gate_up_kernel, plan_kernel
+from .types import ExpertWeights
+
+SWIGLU_ALPHA = 1.702
+# T * k up to which the registered triton op (``triton_moe.moe_experts``) takes this path instead of
+# the aligned one. 0 (off) until a GPU run has timed and tested this path (bench/NOTES.md "MoE decode").
+DECODE_MAX_PAIRS = 0
+BK = 128  # one weight scale block per K step
+
+
+@dataclass(frozen=True)
+class SplitTiles:
+    """Launch configuration. ``split_*``: K splits per (slot, N tile); 0 = enough programs for
+    ``target_programs`` when every slot is touched (a slot is a distinct local expert, at most
+    min(T * k, E)); ``ku``: 128-wide K blocks issued per loop iteration."""
+
+    bm: int = 16
+    bn_gate_up: int = 32
+    bn_down: int = 32
+    ku: int = 1
+    split_gate_up: int = 0
+    split_down: int = 0
+    target_programs: int = 1584  # 12 per SM on an H200 (132 SMs)
+    max_split: int = 8
+    warps: int = 4
+    stages: int = 4
+    # up to this many pairs (T * k) slots are pairs (leader scan in-kernel, no plan launch) and down
+    # does the combine itself (tickets); above it the plan launch and the combine launch run
+    fuse_max_pairs: int = 32
+
+
+# Candidate launch configurations (the GPU tests check each; the bench times each at every T).
+# sm_90 compile (bench/moe/compile_check_small.py), gate_up / down at T = 1: registers 112 / 80 (bn32),
+# 96 / 96 (bn64), 128 / 102 (bn128, 8 warps); weight bytes in flight per SM ~48-120 KB.
+VARIANTS = {
+    "bn32": SplitTiles(),
+    "bn32_st6": SplitTiles(stages=6),
+    "bn32_ku2": SplitTiles(ku=2),
+    "bn64": SplitTiles(bn_gate_up=64, bn_down=64),
+    "bn64_st6": SplitTiles(bn_gate_up=64, bn_down=64, stages=6),
+    "bn64_x2": SplitTiles(bn_gate_up=64, bn_down=64, target_programs=3168),
+    "bn64_ku2_w8": SplitTiles(bn_gate_up=64, bn_down=64, ku=2, stages=3, warps=8),
+    "bn128_w8": SplitTiles(bn_gate_up=128, bn_down=128, warps=8),
+}
+
+
+def default_tiles(T: int) -> SplitTiles:
+    return VARIANTS["bn32"]
+
+
+def choose_split(requested: int, slots: int, n_tiles: int, K: int, tiles: SplitTiles) -> int:
+    """K splits: the requested count, or the fewest that give ``target_programs``; never more than
+    one split per KU blocks (each split gets at least one loop iteration)."""
+    nkb = triton.cdiv(K, BK)
+    most = max(1, min(tiles.max_split, nkb // tiles.ku))
+    if requested:
+        return max(1, min(requested, most))
+    return max(1, min(triton.cdiv(tiles.target_programs, max(1, slots * n_tiles)), most))
+
+
+def _kbp(K: int, split: int, ku: int) -> int:
+    """Power of two >= the K blocks of one split (the kernels' ``_program`` ranges)."""
+    per = triton.cdiv(triton.cdiv(triton.cdiv(K, BK), split), ku) * ku
+    return triton.next_power_of_2(per)
+
+
+def _tickets(experts: ExpertWeights, n: int, dev: torch.device) -> torch.Tensor:
+    """Ticket counters kept with the weights (zero between calls: each is reset by its last user),
+    so a call needs no memset; calls on the same experts must not run concurrently."""
+    key = f"moe_split_tickets_{n}"
+    buf = experts.derived.get(key)
+    if buf is None:
+        buf = experts.derived[key] = torch.zeros((n,), dtype=torch.int32, device=dev)
+    return buf
+
+
+def interpreting() -> bool:
+    import os
+
+    return os.environ.get("TRITON_INTERPRET", "0") == "1"
+
+
+class MoeSplit:
+    """One decode MoE call: buffers allocated here, stages re-runnable on them (``STAGES``);
+    ``__call__`` runs them in order and returns out [T, H]."""
+
+    def __init__(self, x: torch.Tensor, weights: torch.Tensor, ids: torch.Tensor, experts: ExpertWeights,
+                 limit: float, tiles: SplitTiles | None = None) -> None:
+        T, H, E, I = experts.check_call(x, weights, ids)
+        if experts.gate_up_scale is None or experts.down_scale is None:
+            raise ValueError("the split-K MoE path needs fp8 experts with gate_up_scale and down_scale")
+        if x.dtype != torch.bfloat16:
+            raise ValueError(f"the split-K MoE path takes bf16 activations, got {x.dtype}")
+        self.tiles = t = tiles or default_tiles(T)
+        for bn in (t.bn_gate_up, t.bn_down):
+            if bn < 16 or 128 % bn:
+                raise ValueError(f"N tile {bn} must divide 128 and be >= 16")
+        if t.ku < 1 or t.bm < 16:
+            raise ValueError(f"ku must be >= 1 and bm >= 16, got {t.ku}, {t.bm}")
+        self.T, self.H, self.I, self.E, self.k = T, H, I, E, ids.shape[1]
+        self.x, self.ids, self.weights, self.ex, self.limit = (x.contiguous(), ids.contiguous(),
+                                                               weights.contiguous(), experts, float(limit))
+        self.offset = int(experts.derived.get("expert_offset", 0))
+        self.P, dev = T * self.k, x.device
+        self.nt1, self.nt2 = triton.cdiv(2 * I, t.bn_gate_up), triton.cdiv(H, t.bn_down)
+        self.tb = max(64, triton.next_power_of_2(T))
+        self.fused = self.P <= t.fuse_max_pairs
+        self.slots = self.P if self.fused else min(self.P, E)   # slot = pair (leader scan) or plan table row
+        self.pb = max(16, triton.next_power_of_2(self.slots))
+        self.slot_e = torch.empty((self.slots,), dtype=torch.int32, device=dev)
+        self.slot_cnt = torch.empty((self.slots,), dtype=torch.int32, device=dev)
+        self.slot_pairs = torch.empty((self.slots, self.tb), dtype=torch.int32, device=dev)
+        touched = min(self.P, E)  # slots that can be valid (split counts assume all of them are)
+        self.s1 = choose_split(t.split_gate_up, touched, self.nt1, H, t)
+        self.s2 = choose_split(t.split_down, touched, self.nt2, I, t)
+        n1 = self.slots * self.nt1
+        tickets = _tickets(experts, n1 + self.nt2, dev)
+        self.tickets1, self.tickets2 = tickets[:n1], tickets[n1:]
+        self.ws = torch.empty((self.s1, self.P, 2 * I) if self.s1 > 1 else (1,), dtype=torch.float32, device=dev)
+        self.h = torch.empty((self.P, I), dtype=torch.bfloat16, device=dev)               # per pair
+        self.y = torch.empty((self.s2, self.P, H), dtype=torch.float32, device=dev)       # per split, pair
+        self.out = torch.empty((T, H), dtype=x.dtype, device=dev)
+        self.launch = dict(TOPK=self.k, BM=t.bm, BK_=BK, KU=t.ku, TB=self.tb, PB=self.pb, PLAN=not self.fused,
+                           ONE_CHUNK=T <= t.bm, DOT_F32=interpreting(), num_warps=t.warps, num_stages=t.stages)
+
+    def plan(self) -> None:
+        if self.fused:
+            return
+        plan_kernel[(self.slots,)](self.ids, self.slot_e, self.slot_cnt, self.slot_pairs, self.T,
+                                   self.offset, self.E, TOPK=self.k, TB=self.tb,
+                                   KP=triton.next_power_of_2(self.k), EB=triton.next_power_of_2(self.E + 1),
+                                   num_warps=4)
+
+    def gate_up(self) -> None:
+        ex, t = self.ex, self.tiles
+        w, s, b = ex.gate_up, ex.gate_up_scale, ex.gate_up_bias
+        gate_up_kernel[(self.slots * self.nt1 * self.s1,)](
+            self.x, self.ids, w, s, b, self.h, self.ws, self.tickets1, self.slot_e, self.slot_cnt, self.slot_pairs,
+            self.H, 2 * self.I, self.nt1, self.P, self.offset, self.E, self.x.stride(0), w.stride(0), w.stride(1),
+            s.stride(0), s.stride(1), b.stride(0), self.h.stride(0), self.limit, SWIGLU_ALPHA, BN=t.bn_gate_up, SPLIT=self.s1, KBP=_kbp(self.H, self.s1, t.ku), **self.launch)
+
+    def down(self) -> None:
+        ex, t = self.ex, self.tiles
+        w, s, b = ex.down, ex.down_scale, ex.down_bias
+        down_kernel[(self.slots * self.nt2 * self.s2,)](
+            self.h, self.ids, self.weights, w, s, b, self.y, self.out, self.tickets2, self.slot_e, self.slot_cnt,
+            self.slot_pairs, self.T, self.I, self.H, self.nt2, self.P, self.offset, self.E, self.slots,
+            self.h.stride(0), w.stride(0), w.stride(1), s.stride(0), s.stride(1), b.stride(0), self.out.stride(0),
+            FUSE=self.fused, BN=t.bn_down, SPLIT=self.s2, KBP=_kbp(self.I, self.s2, t.ku),
+            **self.launch)
+
+    def combine(self) -> None:
+        if self.fused:
+            return
+        bh = 1024
+        combine_kernel[(self.T, triton.cdiv(self.H, bh))](
+            self.y, self.ids, self.out, self.H, self.P, self.offset, self.E, self.out.stride(0),
+            TOPK=self.k, SPLIT=self.s2, BH=bh, num_warps=4)
+
+    STAGES = ("plan", "gate_up", "down", "combine")
+
+    def __call__(self) -> torch.Tensor:
+        if self.T:
+            for name in self.STAGES:
+                getattr(self, name)()
+        return self.out
+
+
+def moe_split(x: torch.Tensor, weights: torch.Tensor, ids: torch.Tensor, experts: ExpertWeights,
+              limit: float, tiles: SplitTiles | None = None) -> torch.Tensor:
+    """x [T, H] bf16, weights/ids [T, k], fp8 experts -> [T, H] in x.dtype (decode-sized T)."""
+    return MoeSplit(x, weights, ids, experts, limit, tiles)()

@@ -1,0 +1,280 @@
+"""Triton kernels of the split-K decode MoE (``triton_moe_small_split`` launches them).
+
+Why: at 1-4 tokens the two-launch kernels (``triton_moe_small_kernels``) stream each touched
+expert with one program per (expert, N tile): 720 gate_up and 360 down programs at T = 1, each
+walking K = 2880 in 23 steps of 4 KB, which left the GPU at ~1.5 TB/s (bench/NOTES.md "MoE decode").
+Here K is also split over ``SPLIT`` programs (program = (slot, N tile, K split), the K splits of one
+tile on neighbouring program ids), ``KU`` 128-wide K blocks are issued per loop iteration (KU * 128
+contiguous bytes per weight row at once), and no program works out the whole routing:
+  * ``PLAN``: ``plan_kernel`` (one program per slot = s-th smallest touched local expert) writes
+    the slot's expert, token count and pair ids to small tables first (one more launch);
+  * else (small T * k): slot = pair p; its program exits unless p is the first pair routed to its
+    expert (the leader), and gathers that expert's pairs from the <= PB ids itself. No plan launch.
+Kernels:
+  1. ``gate_up_kernel``: acc [BM, BN] over the program's K range. SPLIT = 1: epilogue right away
+     (``+ b1``, bf16 rounding like the reference, clamped SwiGLU on interleaved gate/up columns) ->
+     h [P, I] bf16. SPLIT > 1: the fp32 partial goes to ws [SPLIT, P, 2I] (plain stores), then a
+     ticket per (slot, N tile); the program drawing the last ticket sums the SPLIT partials in
+     split order (deterministic whatever the arrival order), runs the epilogue, resets the ticket.
+  2. ``down_kernel``: y [SPLIT, P, H] fp32 = partial of (acc + b2) * routing weight (bias in split 0).
+     ``FUSE``: a ticket per N tile counts (touched slots x SPLIT) arrivals; the last program sums
+     y over each token's local routes, then splits (fixed order) and writes out [T, H] bf16
+     (tokens without a local route: zeros), so no combine launch. Else ``combine_kernel`` does it.
+Tickets live between calls (``experts.derived``): zero before the first call, reset by their last
+user. Weights FP8 [E, N, K] with 128x128 block scales [E, ceil(N/128), ceil(K/128)] (BN divides 128);
+activations bf16, widened weights, fp32 accumulation. No host syncs: CUDA-graph capturable.
+"""
+
+from __future__ import annotations
+
+import triton
+import triton.language as tl
+
+from .triton_gemv import _fence_gpu
+from .triton_moe_small_kernels import _expert_tokens, _slot_expert
+
+
+@triton.jit
+def plan_kernel(ids_ptr, slot_e_ptr, slot_cnt_ptr, slot_pairs_ptr, T, offset, E,
+                TOPK: tl.constexpr, TB: tl.constexpr, KP: tl.constexpr, EB: tl.constexpr):
+    """Program s: slot s's local expert (-1: unused), its token count and pair ids (token order)."""
+    s = tl.program_id(0)
+    e = _slot_expert(ids_ptr, s, T, offset, E, TOPK, TB * KP, EB)
+    tin, jsel, rank, cnt = _expert_tokens(ids_ptr, e, T, offset, TOPK, TB, KP)
+    t = tl.arange(0, TB)
+    tl.store(slot_pairs_ptr + s * TB + rank, t * TOPK + jsel, mask=(tin > 0) & (e >= 0))
+    tl.store(slot_e_ptr + s, e)
+    tl.store(slot_cnt_ptr + s, tl.where(e >= 0, cnt, 0))
+
+
+@triton.jit
+def _program(pid, n_tiles, K, SPLIT: tl.constexpr, KU: tl.constexpr, BK_: tl.constexpr):
+    """pid -> (slot, N tile, K split, first K block, end K block); split ranges are multiples of KU."""
+    ks = pid % SPLIT
+    pid_n = (pid // SPLIT) % n_tiles
+    s = pid // (SPLIT * n_tiles)
+    nkb = tl.cdiv(K, BK_)
+    per = tl.cdiv(tl.cdiv(nkb, SPLIT), KU) * KU
+    kb0 = ks * per
+    return s, pid_n, ks, kb0, tl.minimum(kb0 + per, nkb)
+
+
+@triton.jit
+def _local_ids(ids_ptr, P, offset, PB: tl.constexpr):
+    """(pair index q [PB], local expert id of pair q (out of range for padding))."""
+    q = tl.arange(0, PB)
+    return q, tl.load(ids_ptr + q, mask=q < P, other=-1).to(tl.int32) - offset
+
+
+@triton.jit
+def _slot(ids_ptr, slot_e_ptr, slot_cnt_ptr, s, P, offset, E, PB: tl.constexpr, PLAN: tl.constexpr):
+    """(local expert of slot s or -1, its token count): from the plan tables, or slot = pair s,
+    valid when s is the first pair routed to that (local) expert."""
+    if PLAN:
+        return tl.load(slot_e_ptr + s), tl.load(slot_cnt_ptr + s)
+    else:
+        q, idq = _local_ids(ids_ptr, P, offset, PB)
+        e = tl.load(ids_ptr + s).to(tl.int32) - offset
+        match = (q < P) & (idq == e)
+        first = tl.min(tl.where(match, q, PB), 0)
+        return tl.where((first == s) & (e >= 0) & (e < E), e, -1), tl.sum(match.to(tl.int32), 0)
+
+
+@triton.jit
+def _rows(ids_ptr, slot_pairs_ptr, s, e, cnt, c, P, offset, TB: tl.constexpr, BM: tl.constexpr,
+          PB: tl.constexpr, PLAN: tl.constexpr):
+    """Rows c .. c+BM of slot s (expert e) -> (pair id [BM], row valid [BM]), token order."""
+    m = c + tl.arange(0, BM)
+    row_ok = m < cnt
+    if PLAN:
+        pair = tl.load(slot_pairs_ptr + s * TB + m, mask=row_ok, other=0)
+    else:
+        q, idq = _local_ids(ids_ptr, P, offset, PB)
+        match = (q < P) & (idq == e)
+        rank = tl.cumsum(match.to(tl.int32), 0) - 1
+        sel = match[None, :] & (rank[None, :] == m[:, None])            # [BM, PB]
+        pair = tl.sum(tl.where(sel, q[None, :], 0), 1)
+    return pair, row_ok
+
+
+@triton.jit
+def _chunk_end(cnt, ONE_CHUNK: tl.constexpr):
+    """End of the chunk loop: 1 when no expert can have more than BM tokens (T <= BM): a loop of
+    one trip that the compiler removes (a dynamic outer loop around the pipelined K loop costs
+    ~60 registers, sm_90 compile)."""
+    if ONE_CHUNK:
+        return 1
+    else:
+        return cnt
+
+
+@triton.jit
+def _touched(ids_ptr, slot_e_ptr, n_slots, P, offset, E, PB: tl.constexpr, PLAN: tl.constexpr):
+    """Number of distinct local experts the call routes to (= valid slots)."""
+    if PLAN:
+        i = tl.arange(0, PB)
+        return tl.sum((tl.load(slot_e_ptr + i, mask=i < n_slots, other=-1) >= 0).to(tl.int32), 0)
+    else:
+        q, idq = _local_ids(ids_ptr, P, offset, PB)
+        idr = tl.load(ids_ptr + q, mask=q < P, other=-1).to(tl.int32) - offset   # same ids, row side
+        earlier = (q[None, :] < q[:, None]) & (idq[None, :] == idr[:, None])      # [PB, PB]
+        lead = (q < P) & (idr >= 0) & (idr < E) & (tl.sum(earlier.to(tl.int32), 1) == 0)
+        return tl.sum(lead.to(tl.int32), 0)
+
+
+@triton.jit
+def _stream(a_ptrs, row_ok, b_ptrs, s_ptr, n_ok, K, kb0, kb1, BM: tl.constexpr, BN: tl.constexpr,
+            BK_: tl.constexpr, KU: tl.constexpr, KBP: tl.constexpr, DOT_F32: tl.constexpr):
+    """acc [BM, BN] = A[:, kb0*BK_ : kb1*BK_] (bf16 rows) @ dequant(fp8 tile)^T over the same K range."""
+    offs_k = tl.arange(0, BK_)
+    acc = tl.zeros((BM, BN), dtype=tl.float32)
+    # the range's block scales up front (KBP >= kb1 - kb0): a scalar load in the step that uses it
+    # is not pipelined (compiled for sm_90: a synchronous L2 round trip in every step)
+    kidx = tl.arange(0, KBP)
+    svec = tl.load(s_ptr + kb0 + kidx, mask=kb0 + kidx < kb1, other=0.0)
+    for kb in range(kb0, kb1, KU):
+        for u in tl.static_range(KU):     # KU blocks of each row issued back to back (contiguous bytes)
+            k = (kb + u) * BK_
+            k_ok = offs_k < K - k         # also false past the range's end (kb1 == nkb there)
+            a = tl.load(a_ptrs + k, mask=row_ok[:, None] & k_ok[None, :], other=0.0)
+            b = tl.load(b_ptrs + k, mask=k_ok[:, None] & n_ok[None, :], other=0.0)
+            sb = tl.sum(tl.where(kidx == kb + u - kb0, svec, 0.0), 0)
+            if DOT_F32:  # the CPU interpreter mis-multiplies bf16 dots
+                acc += tl.dot(a.to(tl.float32), b.to(tl.float32)) * sb
+            else:
+                acc += tl.dot(a, b.to(tl.bfloat16)) * sb
+    return acc
+
+
+@triton.jit
+def _ticket(ticket_ptr, like, DOT_F32: tl.constexpr):
+    """Draw a ticket after this program's stores (made visible GPU-wide first)."""
+    if not DOT_F32:  # (the CPU interpreter runs programs one by one and has no inline asm)
+        _fence_gpu(like)
+    tl.debug_barrier()
+    return tl.atomic_add(ticket_ptr, 1, sem="acq_rel")
+
+
+@triton.jit
+def _swiglu_store(v, bias, h_ptr, pair, row_ok, pid_n, N, stride_h, limit, alpha,
+                  BM: tl.constexpr, BN: tl.constexpr):
+    """h[pair, tile's I columns] = clamped SwiGLU of bf16(v + b1) (gate even, up odd columns)."""
+    v = (v + bias[None, :]).to(tl.bfloat16).to(tl.float32)
+    gate, up = tl.split(tl.reshape(v, (BM, BN // 2, 2)))
+    gate = tl.minimum(gate, limit)
+    up = tl.minimum(tl.maximum(up, -limit), limit)
+    h = (up + 1.0) * (gate * tl.sigmoid(alpha * gate))
+    offs_h = pid_n * (BN // 2) + tl.arange(0, BN // 2)
+    tl.store(h_ptr + pair.to(tl.int64)[:, None] * stride_h + offs_h[None, :], h.to(tl.bfloat16),
+             mask=row_ok[:, None] & (offs_h < N // 2)[None, :])
+
+
+@triton.jit
+def gate_up_kernel(x_ptr, ids_ptr, w_ptr, s_ptr, b_ptr, h_ptr, ws_ptr, ticket_ptr, slot_e_ptr, slot_cnt_ptr,
+                   slot_pairs_ptr, K, N, n_tiles, P, offset, E, stride_x, stride_we, stride_wn, stride_se,
+                   stride_sn, stride_be, stride_h, limit, alpha,
+                   TOPK: tl.constexpr, TB: tl.constexpr, PB: tl.constexpr, BM: tl.constexpr, BN: tl.constexpr,
+                   BK_: tl.constexpr, KU: tl.constexpr, KBP: tl.constexpr, SPLIT: tl.constexpr,
+                   PLAN: tl.constexpr, ONE_CHUNK: tl.constexpr, DOT_F32: tl.constexpr):
+    s, pid_n, ks, kb0, kb1 = _program(tl.program_id(0), n_tiles, K, SPLIT, KU, BK_)
+    e, cnt = _slot(ids_ptr, slot_e_ptr, slot_cnt_ptr, s, P, offset, E, PB, PLAN)
+    if e < 0:
+        return
+    e64 = e.to(tl.int64)
+    offs_n = pid_n * BN + tl.arange(0, BN)
+    n_ok = offs_n < N
+    offs_nc = tl.where(n_ok, offs_n, 0)
+    offs_k = tl.arange(0, BK_)
+    b_ptrs = w_ptr + e64 * stride_we + offs_nc[None, :].to(tl.int64) * stride_wn + offs_k[:, None]
+    sc_ptr = s_ptr + e64 * stride_se + ((pid_n * BN) // 128) * stride_sn
+    bias = tl.load(b_ptr + e64 * stride_be + offs_nc, mask=n_ok, other=0.0).to(tl.float32)
+    for c in range(0, _chunk_end(cnt, ONE_CHUNK), BM):
+        pair, row_ok = _rows(ids_ptr, slot_pairs_ptr, s, e, cnt, c, P, offset, TB, BM, PB, PLAN)
+        a_ptrs = x_ptr + (pair // TOPK).to(tl.int64)[:, None] * stride_x + offs_k[None, :]
+        acc = _stream(a_ptrs, row_ok, b_ptrs, sc_ptr, n_ok, K, kb0, kb1, BM, BN, BK_, KU, KBP, DOT_F32)
+        if SPLIT == 1:
+            _swiglu_store(acc, bias, h_ptr, pair, row_ok, pid_n, N, stride_h, limit, alpha, BM, BN)
+        else:
+            tl.store(ws_ptr + (ks * P + pair).to(tl.int64)[:, None] * N + offs_n[None, :], acc,
+                     mask=row_ok[:, None] & n_ok[None, :])
+    if SPLIT > 1:
+        tp = ticket_ptr + s * n_tiles + pid_n
+        if _ticket(tp, offs_k, DOT_F32) == SPLIT - 1:  # last split of the tile: sum in split order
+            for c in range(0, _chunk_end(cnt, ONE_CHUNK), BM):
+                pair, row_ok = _rows(ids_ptr, slot_pairs_ptr, s, e, cnt, c, P, offset, TB, BM, PB, PLAN)
+                tot = tl.zeros((BM, BN), dtype=tl.float32)
+                for j in tl.static_range(SPLIT):
+                    tot += tl.load(ws_ptr + (j * P + pair).to(tl.int64)[:, None] * N + offs_n[None, :],
+                                   mask=row_ok[:, None] & n_ok[None, :], other=0.0, cache_modifier=".cg")
+                _swiglu_store(tot, bias, h_ptr, pair, row_ok, pid_n, N, stride_h, limit, alpha, BM, BN)
+            tl.atomic_xchg(tp, 0, sem="relaxed")
+
+
+@triton.jit
+def _combine_tile(y_ptr, ids_ptr, out_ptr, T, P, N, offset, E, stride_o, offs_n, n_ok,
+                  TOPK: tl.constexpr, SPLIT: tl.constexpr, BN: tl.constexpr):
+    """out[t, tile] = sum over t's local routes j, then splits, of y[s, t * TOPK + j, tile] (every t)."""
+    for t in range(0, T):
+        acc = tl.zeros((BN,), dtype=tl.float32)
+        for j in tl.static_range(TOPK):
+            ej = tl.load(ids_ptr + t * TOPK + j).to(tl.int32) - offset
+            if (ej >= 0) & (ej < E):
+                for sp in tl.static_range(SPLIT):
+                    acc += tl.load(y_ptr + (sp * P + t * TOPK + j) * N + offs_n, mask=n_ok,
+                                   other=0.0, cache_modifier=".cg")
+        tl.store(out_ptr + t * stride_o + offs_n, acc.to(out_ptr.dtype.element_ty), mask=n_ok)
+
+
+@triton.jit
+def down_kernel(h_ptr, ids_ptr, wt_ptr, w_ptr, s_ptr, b_ptr, y_ptr, out_ptr, ticket_ptr, slot_e_ptr, slot_cnt_ptr,
+                slot_pairs_ptr, T, K, N, n_tiles, P, offset, E, n_slots, stride_h, stride_we, stride_wn, stride_se,
+                stride_sn, stride_be, stride_o,
+                TOPK: tl.constexpr, TB: tl.constexpr, PB: tl.constexpr, BM: tl.constexpr, BN: tl.constexpr,
+                BK_: tl.constexpr, KU: tl.constexpr, KBP: tl.constexpr, SPLIT: tl.constexpr, PLAN: tl.constexpr,
+                FUSE: tl.constexpr, ONE_CHUNK: tl.constexpr, DOT_F32: tl.constexpr):
+    s, pid_n, ks, kb0, kb1 = _program(tl.program_id(0), n_tiles, K, SPLIT, KU, BK_)
+    offs_n = pid_n * BN + tl.arange(0, BN)
+    n_ok = offs_n < N
+    offs_nc = tl.where(n_ok, offs_n, 0)
+    if FUSE:
+        touched = _touched(ids_ptr, slot_e_ptr, n_slots, P, offset, E, PB, PLAN)
+        if touched == 0:  # no route to this rank: nobody draws a ticket, one program writes zeros
+            if (s == 0) & (ks == 0):
+                _combine_tile(y_ptr, ids_ptr, out_ptr, T, P, N, offset, E, stride_o, offs_n, n_ok, TOPK, SPLIT, BN)
+            return
+    e, cnt = _slot(ids_ptr, slot_e_ptr, slot_cnt_ptr, s, P, offset, E, PB, PLAN)
+    if e < 0:
+        return
+    e64 = e.to(tl.int64)
+    offs_k = tl.arange(0, BK_)
+    b_ptrs = w_ptr + e64 * stride_we + offs_nc[None, :].to(tl.int64) * stride_wn + offs_k[:, None]
+    sc_ptr = s_ptr + e64 * stride_se + ((pid_n * BN) // 128) * stride_sn
+    bias = tl.load(b_ptr + e64 * stride_be + offs_nc, mask=n_ok & (ks == 0), other=0.0).to(tl.float32)
+    for c in range(0, _chunk_end(cnt, ONE_CHUNK), BM):
+        pair, row_ok = _rows(ids_ptr, slot_pairs_ptr, s, e, cnt, c, P, offset, TB, BM, PB, PLAN)
+        a_ptrs = h_ptr + pair.to(tl.int64)[:, None] * stride_h + offs_k[None, :]
+        acc = _stream(a_ptrs, row_ok, b_ptrs, sc_ptr, n_ok, K, kb0, kb1, BM, BN, BK_, KU, KBP, DOT_F32)
+        wt = tl.load(wt_ptr + pair, mask=row_ok, other=0.0).to(tl.float32)
+        y = (acc + bias[None, :]) * wt[:, None]
+        tl.store(y_ptr + (ks * P + pair).to(tl.int64)[:, None] * N + offs_n[None, :], y,
+                 mask=row_ok[:, None] & n_ok[None, :])
+    if FUSE:
+        if _ticket(ticket_ptr + pid_n, offs_k, DOT_F32) == touched * SPLIT - 1:
+            _combine_tile(y_ptr, ids_ptr, out_ptr, T, P, N, offset, E, stride_o, offs_n, n_ok, TOPK, SPLIT, BN)
+            tl.atomic_xchg(ticket_ptr + pid_n, 0, sem="relaxed")
+
+
+@triton.jit
+def combine_kernel(y_ptr, ids_ptr, out_ptr, H, P, offset, E, stride_o,
+                   TOPK: tl.constexpr, SPLIT: tl.constexpr, BH: tl.constexpr):
+    """out[t] = sum over t's local routes j (in order), then splits, of y[s, t * TOPK + j]; every row written."""
+    t = tl.program_id(0).to(tl.int64)
+    cols = tl.program_id(1) * BH + tl.arange(0, BH)
+    ok = cols < H
+    acc = tl.zeros((BH,), dtype=tl.float32)
+    for j in tl.static_range(TOPK):
+        e = tl.load(ids_ptr + t * TOPK + j).to(tl.int32) - offset
+        if (e >= 0) & (e < E):
+            for sp in tl.static_range(SPLIT):
+                acc += tl.load(y_ptr + (sp * P + t * TOPK + j) * H + cols, mask=ok, other=0.0)
+    tl.store(out_ptr + t * stride_o + cols, acc.to(out_ptr.dtype.element_ty), mask=ok)
