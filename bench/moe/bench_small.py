@@ -89,14 +89,25 @@ def _compile_job(job: tuple) -> str:
         return f"E{E} T{T} {exc!r}"[:300]
 
 
-def precompile(res: Results, jobs: list, n: int) -> None:
+def precompile(res: Results, jobs: list, n: int, limit_s: float = 70.0) -> None:
+    """Run ``_compile_job`` over ``jobs`` in ``n`` spawned processes; after ``limit_s`` the rest is
+    left to the timing pass (stragglers are terminated)."""
+    import concurrent.futures as cf
     import multiprocessing as mp
     import time
 
     t0 = time.time()
-    with mp.get_context("spawn").Pool(n) as pool:
-        msgs = pool.map(_compile_job, jobs, chunksize=1)
-    res.add(section="precompile", jobs=len(jobs), workers=n, s=round(time.time() - t0, 1), msgs=msgs)
+    ex = cf.ProcessPoolExecutor(n, mp_context=mp.get_context("spawn"))
+    futs = [ex.submit(_compile_job, j) for j in jobs]
+    done, pending = cf.wait(futs, timeout=limit_s)
+    msgs = [f.result() if not f.exception() else repr(f.exception())[:200] for f in done]
+    procs = list(getattr(ex, "_processes", {}).values())
+    ex.shutdown(wait=False, cancel_futures=True)
+    for p in procs:
+        if p.is_alive():
+            p.terminate()
+    res.add(section="precompile", jobs=len(jobs), workers=n, s=round(time.time() - t0, 1), unfinished=len(pending),
+            msgs=msgs)
 
 
 def sweep(res: Results, E: int, Ts, out_dir: str) -> None:
