@@ -93,3 +93,31 @@ def test_gluon_moe_skewed_routing():
     ids[:, 1:] = torch.stack([torch.randperm(3, generator=g)[: k - 1] + 1 for _ in range(T)])
     ids[T // 2:, 1] = 4 + torch.arange(T - T // 2) % 3
     check(x, w, ids.to(DEV), q, d)
+
+
+def test_registered_op_takes_gluon_for_prefill(monkeypatch):
+    """The triton backend's moe_experts runs the Gluon GEMMs for a large-M call on sm_90 (and the Triton
+    ones with DAYZERO_MOE_GLUON=0); both outputs within the FP8 bounds of the reference."""
+    pytest.importorskip("triton")
+    if not _hopper():
+        pytest.skip("the Gluon MoE GEMM is written for sm_90 (wgmma)")
+    from dayzero.kernels import triton_moe
+    from dayzero.kernels.gluon_moe_gemm_run import fused_moe_gluon
+    from dayzero.kernels.registry import get_ops
+    from test_moe_gpu import make_experts, route
+
+    q, d = make_experts(32, 2880, 2880, seed=77)
+    x, w, ids = route(1500, 32, 4, 2880, seed=78)
+    assert triton_moe.gluon_prefill(x, ids, 32) and not triton_moe.gluon_prefill(x[:2], ids[:2], 32)
+    op = get_ops("triton").moe_experts
+    ref_out, exact = ref.moe_experts(x, w, ids, q, LIMIT), ref.moe_experts(x, w, ids, d, LIMIT)
+    e_ref = rel(ref_out, exact)
+    out = op(x, w, ids, q, LIMIT)
+    assert torch.equal(out, fused_moe_gluon(x, w, ids, q, LIMIT))            # deterministic, same path
+    monkeypatch.setenv("DAYZERO_MOE_GLUON", "0")
+    assert not triton_moe.gluon_prefill(x, ids, 32)
+    out_triton = op(x, w, ids, q, LIMIT)
+    assert torch.equal(out_triton, triton_moe.fused_moe(x, w, ids, q, LIMIT))
+    for o in (out, out_triton):
+        assert torch.isfinite(o).all()
+        assert rel(o, ref_out) <= 0.25 * e_ref + 5e-3, (rel(o, ref_out), e_ref)
