@@ -11,14 +11,19 @@ step), but with DeepGEMM's structure, which Triton 3.6 cannot express:
     warpgroup pair waits for its own MMA before every promotion).
   * persistent: one CTA per SM walks the (used M block, N tile) tiles, grouped GROUP_M blocks at a
     time; the producer runs ahead into the next tile while the consumers do the epilogue.
-Scales: the consumers load the A row scales and the weight-block scale two K steps ahead (registers).
+Scales travel with the stage (TMA): the A row scales [1, 64] of the step from the group-major
+a_scale_t, and the tile's two weight-block scales in one [8, 4] box (128-byte slots: a TMA destination
+must be 128-byte aligned) of ``gluon_moe_gemm_run.block_scales_by_k``; the consumers read them from
+shared memory while the wgmma runs (global loads in the K loop put L2 latency between the wgmmas).
+A consumer whose half of a tile lies past N (last tile when N % 256 <= 128) only releases the stages.
 Epilogues: EPI 1 = gate_up (``+ b1``, bf16 round, clamped SwiGLU on the interleaved gate/up columns,
 1x128 FP8 quantization of h: the row amax of the 128 h columns spans both warpgroups and is exchanged
 through shared memory); EPI 2 = down (``(+ b2) * routing weight``, rows scattered to pair order).
 
 W is read through a 2D view [E * N, K]: rows past an expert's N belong to the next expert (or are
-out of bounds, zero); their weight-block scales are masked to 0 and the columns masked in the
-epilogue. This module imports triton's Gluon: only ``gluon_moe`` imports it, and only when selected.
+out of bounds, zero); those columns are masked in the epilogue (before the h amax). Measured in
+bench/NOTES.md ("MoE prefill in Gluon"). This module imports triton's Gluon: only
+``gluon_moe_gemm_run`` imports it, which ``triton_moe.moe_experts`` imports only when it takes this path.
 """
 
 from __future__ import annotations

@@ -15,6 +15,8 @@ Two paths (kernel in triton_moe_gemm):
     reads A, like B, by TMA); FP8 x FP8 tensor-core GEMMs with per-128-K-step block scaling
     (triton_moe_gemm_large; moe_gemm_kernel where TMA cannot take the operands); h is quantized to
     FP8 (1x128) inside the gate_up epilogue (tile N = 256 = one 128-wide h group).
+    On Hopper the registered op runs both large-M GEMMs on the Gluon warp-specialised kernel instead
+    (``gluon_prefill``, ``gluon_moe_gemm``; same numerics, 13-15 % faster per layer).
   * small M (decode, bandwidth bound): bf16 activations x FP8 weights widened in registers; h stays
     bf16. Every touched expert's weights are read once per N tile.
 """
