@@ -152,3 +152,49 @@ def test_registry_has_no_norm_rope_fallback():
 
     ops = get_ops("triton", "cuda")
     assert "rms_norm" not in ops.fallbacks and "rope" not in ops.fallbacks
+
+
+@pytest.mark.parametrize("t,h", NORM_SHAPES)
+def test_add_rms_norm(t, h):
+    """Residual add fused into the norm: the sum equals the bf16 add bit for bit; the norm as rms_norm's."""
+    from dayzero.kernels.triton_norm_rope import add_rms_norm, rms_norm
+
+    g = torch.Generator(device=DEV).manual_seed(t * 7 + h)
+    x = (torch.randn(t, h, device=DEV, generator=g) * 20).bfloat16()
+    r = (torch.randn(t, h, device=DEV, generator=g) * 5).bfloat16()
+    w = 1 + 0.1 * torch.randn(h, device=DEV, generator=g)
+    poison()
+    s, out = add_rms_norm(x, r, w, 1e-5)
+    assert torch.equal(s, x + r)
+    assert torch.isfinite(out).all(), "unwritten (NaN) or non-finite output"
+    assert torch.equal(out, rms_norm(x + r, w, 1e-5))
+
+
+@pytest.mark.parametrize("t,h", [(1, 2880), (40, 2880), (300, 2880)] if BIG else [(1, 200), (5, 256)])
+def test_add_rms_norm_quant(t, h):
+    """The FP8 variant: sum bit-exact, codes and scales equal to rms_norm_quant of the sum."""
+    from dayzero.kernels.triton_linear import add_rms_norm_quant, rms_norm_quant
+
+    g = torch.Generator(device=DEV).manual_seed(t + h)
+    x = (torch.randn(t, h, device=DEV, generator=g) * 20).bfloat16()
+    r = (torch.randn(t, h, device=DEV, generator=g) * 5).bfloat16()
+    w = 1 + 0.1 * torch.randn(h, device=DEV, generator=g)
+    poison()
+    s, q, sc = add_rms_norm_quant(x, r, w, 1e-5)
+    assert torch.equal(s, x + r)
+    wq, wsc = rms_norm_quant(x + r, w, 1e-5)
+    assert torch.equal(q.view(torch.uint8), wq.view(torch.uint8)) and torch.equal(sc, wsc)
+    qp, sp = q._dayzero_padded
+    assert (qp[t:].view(torch.uint8) == 0).all() and (sp[:, t:] == 1).all()
+
+
+def test_add_rms_norm_rejects_mismatched_residual():
+    from dayzero.kernels.triton_linear import add_rms_norm_quant
+    from dayzero.kernels.triton_norm_rope import add_rms_norm
+
+    x = torch.randn(3, 128, device=DEV).bfloat16()
+    w = torch.ones(128, device=DEV)
+    with pytest.raises(ValueError, match="residual"):
+        add_rms_norm(x, x[:2], w, 1e-5)
+    with pytest.raises(ValueError, match="residual"):
+        add_rms_norm_quant(x, x.float(), w, 1e-5)

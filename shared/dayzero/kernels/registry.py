@@ -29,6 +29,8 @@ OP_NAMES = (
     "moe_experts",       # (x [T,H], weights [T,k], ids [T,k], experts: ExpertWeights, limit) -> [T,H]
     "rope",              # (q [T,Hq,D], k [T,Hkv,D], cos [P,D/2], sin [P,D/2], positions [T]) -> (q, k)
     "rms_norm_quant",    # (x [T,H], w [H], eps) -> (x_fp8 [T,H], scale [T, ceil(H/128)]) per-token 1x128 groups
+    "add_rms_norm",      # (x [T,H], r [T,H], w [H], eps) -> (s = x + r [T,H] x.dtype, rms_norm(s))
+    "add_rms_norm_quant",  # (x [T,H], r [T,H], w [H], eps) -> (s = x + r, *rms_norm_quant(s))
 )
 
 

@@ -46,6 +46,22 @@ def rms_norm_quant(x: torch.Tensor, w: torch.Tensor, eps: float) -> tuple[torch.
     return _fp8().quantize_act_group(y)
 
 
+@register("torch", "add_rms_norm")
+def add_rms_norm(x: torch.Tensor, r: torch.Tensor, w: torch.Tensor, eps: float) -> tuple[torch.Tensor, torch.Tensor]:
+    """Residual add then RMSNorm: ``s = x + r`` (rounded to x.dtype, as the unfused model's add) and
+    ``rms_norm(s, w, eps)``; returns ``(s, normed)``, both ``[T,H]``."""
+    s = x + r
+    return s, rms_norm(s, w, eps)
+
+
+@register("torch", "add_rms_norm_quant")
+def add_rms_norm_quant(x: torch.Tensor, r: torch.Tensor, w: torch.Tensor,
+                       eps: float) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """``s = x + r`` then ``rms_norm_quant(s, w, eps)``; returns ``(s, x_fp8, scale)``."""
+    s = x + r
+    return (s, *rms_norm_quant(s, w, eps))
+
+
 def _dequant_act(x: torch.Tensor, x_scale: torch.Tensor | None) -> torch.Tensor:
     """fp32 copy of the activations after the 1x128 FP8 round trip (or of an already quantized x)."""
     fp8 = _fp8()

@@ -51,6 +51,7 @@ def _quant_rows_kernel(
     T, K, stride_xm, stride_qm, stride_st, eps, num_pairs,
     NORM: tl.constexpr, NG: tl.constexpr, G: tl.constexpr,
     GATHER: tl.constexpr = False, TOPK: tl.constexpr = 1, BM: tl.constexpr = 1,
+    r_ptr=None, sum_ptr=None, stride_rm=0, RES: tl.constexpr = False,
 ):
     row = tl.program_id(0)
     src = row
@@ -64,6 +65,11 @@ def _quant_rows_kernel(
     cols = tl.arange(0, NG * G)
     k_ok = cols < K
     x = tl.load(x_ptr + src.to(tl.int64) * stride_xm + cols, mask=k_ok & ok, other=0.0).to(tl.float32)
+    if RES:  # residual add first (rounded to x.dtype, as the unfused add); the sum is an output too
+        r = tl.load(r_ptr + src.to(tl.int64) * stride_rm + cols, mask=k_ok & ok, other=0.0).to(tl.float32)
+        x = (x + r).to(sum_ptr.dtype.element_ty)
+        tl.store(sum_ptr + src.to(tl.int64) * K + cols, x, mask=k_ok & ok)
+        x = x.to(tl.float32)
     if NORM:
         var = tl.sum(x * x, axis=0) / K
         w = tl.load(w_ptr + cols, mask=k_ok, other=0.0).to(tl.float32)
@@ -78,11 +84,15 @@ def _quant_rows_kernel(
     tl.store(s_ptr + g * stride_st + row, scale, mask=g < tl.cdiv(K, G))
 
 
-def _launch(x: torch.Tensor, w: torch.Tensor | None, eps: float) -> tuple[torch.Tensor, torch.Tensor]:
+def _launch(x: torch.Tensor, w: torch.Tensor | None, eps: float, r: torch.Tensor | None = None,
+            s: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+    """(q, s_t) of rows of x (normed when ``w``); with ``r``, rows of ``x + r`` and that sum written to ``s``."""
     if x.dim() != 2:
         raise ValueError(f"expected x [T, K], got shape {tuple(x.shape)}")
     if x.stride(1) != 1:
         x = x.contiguous()
+    if r is not None and r.stride(1) != 1:
+        r = r.contiguous()
     T, K = x.shape
     ng = triton.cdiv(K, GROUP)
     mp = triton.cdiv(T, ROW_ALIGN) * ROW_ALIGN
@@ -93,6 +103,7 @@ def _launch(x: torch.Tensor, w: torch.Tensor | None, eps: float) -> tuple[torch.
         _quant_rows_kernel[(mp,)](
             x, w if w is not None else x, q, s_t, q, q, T, K, x.stride(0), q.stride(0), s_t.stride(0), eps, 0,
             NORM=w is not None, NG=ng_p2, G=GROUP, num_warps=4 if ng_p2 <= 16 else 8,
+            r_ptr=r, sum_ptr=s, stride_rm=0 if r is None else r.stride(0), RES=r is not None,
         )
     return q, s_t
 
@@ -136,10 +147,27 @@ def rms_norm_quant(x: torch.Tensor, w: torch.Tensor, eps: float) -> tuple[torch.
     group-major buffer; ``linear`` recognises both and uses the buffers without a copy.
     """
     q, s_t = rms_norm_quantize_rows(x, w, eps)
-    T, H = x.shape
+    return _quant_views(q, s_t, *x.shape)
+
+
+def _quant_views(q: torch.Tensor, s_t: torch.Tensor, T: int, H: int) -> tuple[torch.Tensor, torch.Tensor]:
     xq = q[:T, :H]
     xq._dayzero_padded = (q, s_t)  # the padded buffers these views come from (padding is zeros)
     return xq, s_t[:, :T].t()
+
+
+@register("triton", "add_rms_norm_quant")
+def add_rms_norm_quant(x: torch.Tensor, r: torch.Tensor, w: torch.Tensor,
+                       eps: float) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """``(x + r, *rms_norm_quant(x + r))`` in one launch (see the torch op)."""
+    if r.shape != x.shape or r.dtype != x.dtype:
+        raise ValueError(f"add_rms_norm_quant: residual {tuple(r.shape)} {r.dtype} must match x "
+                         f"{tuple(x.shape)} {x.dtype}")
+    if w.shape != (x.shape[-1],):
+        raise ValueError(f"norm weight shape {tuple(w.shape)} does not match hidden size {x.shape[-1]}")
+    s = torch.empty(x.shape, dtype=x.dtype, device=x.device)
+    q, s_t = _launch(x, w, eps, r, s)
+    return (s, *_quant_views(q, s_t, *x.shape))
 
 
 @dataclass

@@ -23,35 +23,57 @@ from .registry import register
 
 
 @triton.jit
-def _rms_norm_kernel(x_ptr, w_ptr, o_ptr, H, stride_xt, stride_ot, eps, BLOCK: tl.constexpr):
+def _rms_norm_kernel(x_ptr, w_ptr, o_ptr, r_ptr, s_ptr, H, stride_xt, stride_ot, stride_rt, eps,
+                     BLOCK: tl.constexpr, RES: tl.constexpr = False):
     row = tl.program_id(0).to(tl.int64)
     cols = tl.arange(0, BLOCK)
     ok = cols < H
     x = tl.load(x_ptr + row * stride_xt + cols, mask=ok, other=0.0).to(tl.float32)
+    if RES:  # residual add first, rounded to x.dtype as the unfused add; the sum is an output too
+        x = (x + tl.load(r_ptr + row * stride_rt + cols, mask=ok, other=0.0).to(tl.float32)).to(
+            s_ptr.dtype.element_ty)
+        tl.store(s_ptr + row * H + cols, x, mask=ok)
+        x = x.to(tl.float32)
     var = tl.sum(x * x, axis=0) / H
     w = tl.load(w_ptr + cols, mask=ok, other=0.0).to(tl.float32)
     y = w * (x * tl.rsqrt(var + eps))
     tl.store(o_ptr + row * stride_ot + cols, y.to(o_ptr.dtype.element_ty), mask=ok)
 
 
+def _norm(x: torch.Tensor, r: torch.Tensor | None, w: torch.Tensor, eps: float, name: str):
+    if x.dim() != 2:
+        raise ValueError(f"{name}: expected x [T, H], got shape {tuple(x.shape)}")
+    T, H = x.shape
+    if w.shape != (H,):
+        raise ValueError(f"{name}: weight shape {tuple(w.shape)} does not match hidden size {H}")
+    if r is not None and (r.shape != x.shape or r.dtype != x.dtype):
+        raise ValueError(f"{name}: residual {tuple(r.shape)} {r.dtype} must match x {tuple(x.shape)} {x.dtype}")
+    if x.stride(1) != 1:
+        x = x.contiguous()
+    if r is not None and r.stride(1) != 1:
+        r = r.contiguous()
+    w = w.contiguous()
+    out = torch.empty((T, H), dtype=x.dtype, device=x.device)
+    s = torch.empty((T, H), dtype=x.dtype, device=x.device) if r is not None else out
+    if T > 0:
+        block = triton.next_power_of_2(H)
+        warps = 4 if block <= 2048 else 8
+        _rms_norm_kernel[(T,)](x, w, out, r if r is not None else x, s, H, x.stride(0), out.stride(0),
+                               (r if r is not None else x).stride(0), float(eps), BLOCK=block, RES=r is not None,
+                               num_warps=warps)
+    return s, out
+
+
 @register("triton", "rms_norm")
 def rms_norm(x: torch.Tensor, w: torch.Tensor, eps: float) -> torch.Tensor:
     """``x [T,H]``, ``w [H]`` -> ``[T,H]`` in x.dtype (see the torch op)."""
-    if x.dim() != 2:
-        raise ValueError(f"rms_norm: expected x [T, H], got shape {tuple(x.shape)}")
-    T, H = x.shape
-    if w.shape != (H,):
-        raise ValueError(f"rms_norm: weight shape {tuple(w.shape)} does not match hidden size {H}")
-    if x.stride(1) != 1:
-        x = x.contiguous()
-    w = w.contiguous()
-    out = torch.empty((T, H), dtype=x.dtype, device=x.device)
-    if T == 0:
-        return out
-    block = triton.next_power_of_2(H)
-    warps = 4 if block <= 2048 else 8
-    _rms_norm_kernel[(T,)](x, w, out, H, x.stride(0), out.stride(0), float(eps), BLOCK=block, num_warps=warps)
-    return out
+    return _norm(x, None, w, eps, "rms_norm")[1]
+
+
+@register("triton", "add_rms_norm")
+def add_rms_norm(x: torch.Tensor, r: torch.Tensor, w: torch.Tensor, eps: float) -> tuple[torch.Tensor, torch.Tensor]:
+    """``(x + r, rms_norm(x + r))`` in one launch (see the torch op)."""
+    return _norm(x, r, w, eps, "add_rms_norm")
 
 
 @triton.jit

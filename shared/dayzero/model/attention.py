@@ -11,7 +11,7 @@ from torch import nn
 from dayzero.config import ModelConfig
 from dayzero.kernels.registry import Ops
 
-from .layers import Linear, ParallelConfig, Precision, plain_param
+from .layers import Linear, ParallelConfig, Precision, plain_param, stack_column_linears
 from .rope import RopeTables
 
 
@@ -42,7 +42,8 @@ class ForwardBatch:
 
 
 class Attention(nn.Module):
-    def __init__(self, cfg: ModelConfig, layer: int, prec: Precision, par: ParallelConfig, device) -> None:
+    def __init__(self, cfg: ModelConfig, layer: int, prec: Precision, par: ParallelConfig, device,
+                 fuse_qkv: bool = True) -> None:
         super().__init__()
         pre = f"model.layers.{layer}.self_attn"
         tp = par.tp_size
@@ -62,15 +63,24 @@ class Attention(nn.Module):
         self.v_proj = Linear(f"{pre}.v_proj", H, cfg.kv_size, True, prec.act, prec.fp8, device, col)
         self.o_proj = Linear(f"{pre}.o_proj", cfg.q_size, H, True, prec.act, prec.fp8, device,
                              ("row", par.tp_rank, tp))
+        # q, k and v in one GEMM (their parameters become row views of one stack); None: three GEMMs
+        self.qkv_lw = stack_column_linears([self.q_proj, self.k_proj, self.v_proj]) if fuse_qkv else None
         self.sinks = plain_param(f"{pre}.sinks", (self.num_heads,), torch.float32, device, (0, par.tp_rank, tp))
 
     def forward(self, ops: Ops, x: torch.Tensor, x_scale: torch.Tensor | None, fb: ForwardBatch,
                 rope: RopeTables) -> torch.Tensor:
         """x: normalized hidden ``[T, H]`` (or its FP8 quantization with ``x_scale``) -> ``[T, H]``."""
         T = x.shape[0]
-        q = ops.linear(x, self.q_proj.lw, x_scale).view(T, self.num_heads, self.head_dim)
-        k = ops.linear(x, self.k_proj.lw, x_scale).view(T, self.num_kv_heads, self.head_dim)
-        v = ops.linear(x, self.v_proj.lw, x_scale).view(T, self.num_kv_heads, self.head_dim)
+        Hq, Hkv, D = self.num_heads, self.num_kv_heads, self.head_dim
+        if self.qkv_lw is not None:
+            qkv = ops.linear(x, self.qkv_lw, x_scale)                                   # [T, (Hq + 2 Hkv) D]
+            q = qkv[:, :Hq * D].view(T, Hq, D)                                         # row-strided views
+            k = qkv[:, Hq * D:(Hq + Hkv) * D].view(T, Hkv, D)
+            v = qkv[:, (Hq + Hkv) * D:].view(T, Hkv, D)
+        else:
+            q = ops.linear(x, self.q_proj.lw, x_scale).view(T, Hq, D)
+            k = ops.linear(x, self.k_proj.lw, x_scale).view(T, Hkv, D)
+            v = ops.linear(x, self.v_proj.lw, x_scale).view(T, Hkv, D)
         q, k = ops.rope(q, k, rope.cos, rope.sin, fb.positions)
         k_cache, v_cache = fb.kv_caches[self.layer]
         sliding = self.window > 0

@@ -173,6 +173,42 @@ class Linear(nn.Module):
         self.bias.data.copy_(loaded.to(self.bias.device, self.bias.dtype))
 
 
+def stack_column_linears(linears: list[Linear]) -> LinearWeight | None:
+    """Re-point the parameters of linears that share their input onto one storage, rows stacked in
+    the given order, and return the ``LinearWeight`` of the stack (one GEMM instead of several; the
+    parameters and their loaders stay as they are, so checkpoints load unchanged).
+
+    None (nothing changed) when they cannot share: different K, dtype, bias presence or device, or FP8
+    parts whose rows are not whole 128-row scale blocks (e.g. k/v under TP 8)."""
+    first = linears[0].weight
+    K, fp8 = first.shape[1], first.dtype == FP8
+    has_bias = linears[0].bias is not None
+    for lin in linears:
+        w = lin.weight
+        if (w.shape[1] != K or w.dtype != first.dtype or w.device != first.device
+                or (lin.bias is not None) != has_bias or (fp8 and w.shape[0] % BLOCK)):
+            return None
+    N = sum(lin.weight.shape[0] for lin in linears)
+    weight = torch.empty((N, K), dtype=first.dtype, device=first.device)
+    scale = torch.empty((N // BLOCK, math.ceil(K / BLOCK)), dtype=torch.float32, device=first.device) if fp8 else None
+    bias = torch.empty((N,), dtype=linears[0].bias.dtype, device=first.device) if has_bias else None
+    r0 = 0
+    for lin in linears:
+        r1 = r0 + lin.weight.shape[0]
+        weight[r0:r1].copy_(lin.weight.data)
+        lin.weight.data = weight[r0:r1]                  # the loader's in-place copy now fills the stack
+        if fp8:
+            scale[r0 // BLOCK:r1 // BLOCK].copy_(lin.weight_scale.data)
+            lin.weight_scale.data = scale[r0 // BLOCK:r1 // BLOCK]
+        if has_bias:
+            bias[r0:r1].copy_(lin.bias.data)
+            lin.bias.data = bias[r0:r1]
+        lin.lw = LinearWeight(weight=lin.weight.data, bias=None if bias is None else lin.bias.data,
+                              scale=None if scale is None else lin.weight_scale.data)
+        r0 = r1
+    return LinearWeight(weight=weight, bias=bias, scale=scale)
+
+
 def load_plain(name: str, dst: nn.Parameter, loaded: torch.Tensor, shard: tuple[int, int, int] | None = None) -> None:
     """Loader for an unquantized parameter (norms, sinks, router, embeddings)."""
     full = list(dst.shape)
