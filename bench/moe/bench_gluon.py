@@ -33,7 +33,10 @@ def _configs() -> dict:
     r = dataclasses.replace
     return {"gluon": DEFAULT, "gluon_s3": r(DEFAULT, stages=3), "gluon_s5": r(DEFAULT, stages=5),
             "gluon_g8": r(DEFAULT, group_m=8), "gluon_g32": r(DEFAULT, group_m=32),
-            "gluon_gate_up_only": r(DEFAULT, down=False)}
+            "gluon_gate_up_only": r(DEFAULT, down=False),
+            # timing diagnostics (wrong results): where the time goes
+            "diag_w_once_per_tile": r(DEFAULT, diag=1), "diag_a_once_per_tile": r(DEFAULT, diag=2),
+            "diag_no_epilogue": r(DEFAULT, diag=3)}
 
 
 def compile_check(out: str | None) -> int:
@@ -52,7 +55,7 @@ def compile_check(out: str | None) -> int:
     sbl = gl.NVMMASharedLayout.get_default_for([8, 4], gl.float32)
     rows = []
     for name, cfg in _configs().items():
-        if not cfg.down:
+        if not cfg.down or cfg.diag:
             continue
         for epi in (1, 2):
             sig = {n: "i32" for n in kern.arg_names}

@@ -37,6 +37,8 @@ class GluonConfig:
     maxnreg: int = 168
     programs_per_sm: int = 1
     down: bool = True          # False: the down GEMM stays on the Triton large kernel
+    diag: int = 0              # timing diagnostics only, WRONG results: 1 = each W tile loaded once per
+                               # tile (not per K step), 2 = same for A, 3 = no epilogue (bench_gluon)
 
 
 DEFAULT = GluonConfig()
@@ -76,7 +78,7 @@ def gemm_ws(a: torch.Tensor, a_scale_t: torch.Tensor, w: torch.Tensor, w_scale_k
         nbm, N, K, al.num_pairs, triton.cdiv(K, BK), bias.stride(0), out.stride(0),
         out_scale_t.stride(0) if out_scale_t is not None else 0, float(limit), SWIGLU_ALPHA,
         EPI=epi, STAGES=cfg.stages, GROUP_M=cfg.group_m, CONSUMER_REGS=cfg.consumer_regs,
-        PRODUCER_REGS=cfg.producer_regs, num_warps=4, maxnreg=cfg.maxnreg,
+        PRODUCER_REGS=cfg.producer_regs, num_warps=4, maxnreg=cfg.maxnreg, DIAG=cfg.diag,
     )
 
 
