@@ -53,10 +53,10 @@ PREFILL_CFGS = {
     "m128n64w8s3_tma": _pcfg(128, 64, 8, 3, False, True),
 }
 WINDOW_CFGS = {
+    "win_r64w4_tma": _wcfg(64, 4),
     "win_r64w4": _wcfg(64, 4, tma=False),
     "m64n32w4s3_pack_tma": _pcfg(64, 32, 4, 3, True, True),
     "win_r64w4_branch": _wcfg(64, 4, tma=False, branch=True),
-    "win_r64w4_tma": _wcfg(64, 4),
     "win_r64w4_tma_reg96": _wcfg(64, 4, maxnreg=96),
     "win_r128w8_tma": _wcfg(128, 8),
     "win_r64w4_slide4": _wcfg(64, 4, tma=False, slide=4),
@@ -65,8 +65,9 @@ WINDOW_CFGS = {
     "win_r64w4_slide8_reg128": _wcfg(64, 4, tma=False, maxnreg=128, slide=8),
     "win_r64w4_slide16_s2": _wcfg(64, 4, tma=False, s=2, slide=16),
 }
-DECODE_CFGS = {
+DECODE_CFGS = {  # the default's PDL is on only when the KV is split; _nopdl / _pdl force it
     "n128w4s3": dict(BLOCK_N=128, num_warps=4, num_stages=3),
+    "n128w4s3_nopdl": dict(BLOCK_N=128, num_warps=4, num_stages=3, PDL=False),
     "n128w4s3_pdl": dict(BLOCK_N=128, num_warps=4, num_stages=3, PDL=True),
     "n64w4s3": dict(BLOCK_N=64, num_warps=4, num_stages=3),
     "n64w4s3_pdl": dict(BLOCK_N=64, num_warps=4, num_stages=3, PDL=True),
@@ -74,6 +75,7 @@ DECODE_CFGS = {
 }
 WINDOW_DECODE_CFGS = {
     "n64w4s2": dict(BLOCK_N=64, num_warps=4, num_stages=2),
+    "n64w4s2_nopdl": dict(BLOCK_N=64, num_warps=4, num_stages=2, PDL=False),
     "n64w4s2_pdl": dict(BLOCK_N=64, num_warps=4, num_stages=2, PDL=True),
 }
 WINDOW = 128
@@ -270,7 +272,7 @@ def bench_decode(rows, ceil_bw, quick, sweep, only_batches=None):
             splits |= {s for s in wide if s <= triton.cdiv(min(L, window or L), 64)}
         table = WINDOW_DECODE_CFGS if window else DECODE_CFGS
         first = next(iter(table))
-        cfgs = list(table) if not quick else [first, first + "_pdl"]
+        cfgs = list(table) if not quick else [first, first + "_nopdl"]
         for name in cfgs:
             for ns in sorted(splits):
                 if name != first and ns != heur:
@@ -293,8 +295,8 @@ def bench_decode(rows, ceil_bw, quick, sweep, only_batches=None):
         top = min(here, key=lambda r: r["us"])
         dflt = [r for r in here if r["config"] == first and r["num_splits"] == heur][0]
         dflt["eager_us"] = eager_us
-        pdl = [r for r in here if r["config"] == first + "_pdl" and r["num_splits"] == heur]
-        pdl_txt = f"pdl {pdl[0]['us']:7.1f} us | " if pdl else ""
+        nopdl = [r for r in here if r["config"] == first + "_nopdl" and r["num_splits"] == heur]
+        pdl_txt = f"without PDL {nopdl[0]['us']:7.1f} us | " if nopdl else ""
         rows.append(f"decode B={B:>3} ctx={L:>6} W={window or 'full':>4}: default {dflt['us']:7.1f} us "
                     f"{dflt['tbps']:5.2f} TB/s | {pdl_txt}best {top['config']}/s{top['num_splits']} {top['us']:7.1f} us "
                     f"{top['tbps']:5.2f} TB/s ({top['frac_copy_bw']:.0%} of copy) | eager {eager_us:6.1f} us")

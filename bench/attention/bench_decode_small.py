@@ -15,10 +15,10 @@ from dayzero.kernels.triton_attention_decode import DecodePlan, choose_num_split
 from dayzero.kernels.triton_attention import attention
 
 SCALE = D ** -0.5
-CFGS = {
-    "n128w4s3": dict(BLOCK_N=128, num_warps=4, num_stages=3),
+CFGS = {  # PDL forced off / on (the shipped default turns it on whenever the KV is split)
+    "n128w4s3": dict(BLOCK_N=128, num_warps=4, num_stages=3, PDL=False),
     "n128w4s3_pdl": dict(BLOCK_N=128, num_warps=4, num_stages=3, PDL=True),
-    "n64w4s3": dict(BLOCK_N=64, num_warps=4, num_stages=3),
+    "n64w4s3": dict(BLOCK_N=64, num_warps=4, num_stages=3, PDL=False),
     "n64w4s3_pdl": dict(BLOCK_N=64, num_warps=4, num_stages=3, PDL=True),
     "n256w8s3_pdl": dict(BLOCK_N=256, num_warps=8, num_stages=3, PDL=True),
 }
@@ -97,7 +97,7 @@ def bench_decode_small(rows, ceil_bw):
             top = min(here, key=lambda r: r["us"])
             d = [r for r in here if r["config"] == "n128w4s3" and r["num_splits"] == heur]
             p = [r for r in here if r["config"] == "n128w4s3_pdl" and r["num_splits"] == heur]
-            d_txt = f"default s{heur} {_us(d)} | " if d else ""
+            d_txt = f"no PDL s{heur} {_us(d)} | " if d else ""
             p_txt = f"pdl {_us(p)} | " if p else ""
             line.append(f"decode1 B={B} ctx={L:>6}: {d_txt}{p_txt}best {top['config']}/s{top['num_splits']} "
                         f"{top['us']:6.1f} us {top['frac_copy_bw']:.0%} of copy")

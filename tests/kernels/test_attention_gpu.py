@@ -116,7 +116,8 @@ def test_decode_split_kv(window, num_splits):
            max_seqlen_q=1, num_splits=num_splits)
 
 
-DECODE_VARIANTS = {  # the decode configs the benchmark may pick (PDL: programmatic dependent launch)
+DECODE_VARIANTS = {  # the decode configs the benchmark may pick (PDL: programmatic dependent launch;
+    "nopdl": dict(PDL=False),  # the default uses it whenever the KV is split)
     "pdl": dict(PDL=True),
     "n64_pdl": dict(BLOCK_N=64, PDL=True),
     "n256w8_pdl": dict(BLOCK_N=256, num_warps=8, PDL=True),

@@ -190,11 +190,12 @@ def _window_kernel(q_ptr, k_ptr, v_ptr, k_desc, v_desc, kc_ptr, vc_ptr, bt_ptr, 
 
 def default_window_config(head_dim: int, group: int) -> dict:
     """Rows per tile and launch parameters of the window kernel (measured on H200, bench/NOTES.md).
-    64 rows / 4 warps: ~126 registers, 44 KB shared memory, 4 programs per SM. ``TMA`` is off by
-    default: the TMA path's kernel time is lower (run 5: 373 vs 496 µs at 32k) but its one-launch
-    form has not run on the GPU yet and the host cost per call is unmeasured. ``TMA_MIN_TOKENS``:
-    TMA descriptors only from this many new tokens on."""
-    return dict(ROWS=64, num_warps=4, num_stages=1, TMA=False, TMA_MIN_TOKENS=4096, TMA_MAXNREG=128,
+    64 rows / 4 warps: ~126 registers, 44 KB shared memory, 4 programs per SM. ``TMA`` (one launch,
+    block A of interior tiles by TMA) from ``TMA_MIN_TOKENS`` new tokens on: run 6 measured 102 /
+    373 / 1491 µs at 8k / 32k / 128k against 129 / 495 without TMA (GPU time 98 vs 126 µs at 8k, 52 vs
+    66 at 4k; host enqueue 68-103 µs per call, so a call is GPU-bound from ~8k). ``GATHER_BRANCH``
+    (115 / 430 µs without TMA) and ``SLIDE`` (169-172 / 627 µs) stay opt-in."""
+    return dict(ROWS=64, num_warps=4, num_stages=1, TMA=True, TMA_MIN_TOKENS=4096, TMA_MAXNREG=128,
                 GATHER_BRANCH=False, SLIDE=0)
 
 
