@@ -35,8 +35,7 @@ def _configs() -> dict:
             "gluon_g8": r(DEFAULT, group_m=8), "gluon_g32": r(DEFAULT, group_m=32),
             "gluon_gate_up_only": r(DEFAULT, down=False),
             # timing diagnostics (wrong results): where the time goes
-            "diag_w_once_per_tile": r(DEFAULT, diag=1), "diag_a_once_per_tile": r(DEFAULT, diag=2),
-            "diag_no_epilogue": r(DEFAULT, diag=3)}
+            "diag_w_once_per_tile": r(DEFAULT, diag=1), "diag_a_once_per_tile": r(DEFAULT, diag=2)}
 
 
 def compile_check(out: str | None) -> int:

@@ -38,7 +38,7 @@ class GluonConfig:
     programs_per_sm: int = 1
     down: bool = True          # False: the down GEMM stays on the Triton large kernel
     diag: int = 0              # timing diagnostics only, WRONG results: 1 = each W tile loaded once per
-                               # tile (not per K step), 2 = same for A, 3 = no epilogue (bench_gluon)
+                               # tile (not per K step), 2 = same for A (bench_gluon)
 
 
 DEFAULT = GluonConfig()
