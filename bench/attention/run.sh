@@ -8,7 +8,9 @@ export PYTHONPATH="shared${PYTHONPATH:+:$PYTHONPATH}" PYTHONUNBUFFERED=1
 OUT="${OUT:-out}"
 mkdir -p "$OUT"
 log="$OUT/attention.log"
-python3 -m pytest -q -p no:cacheprovider --noconftest -o addopts="" tests/kernels/test_attention_gpu.py 2>&1 | tee "$log"
+# tests compile dozens of kernel variants: spread them over 8 workers when pytest-xdist is there
+xdist=$(python3 -c "import xdist" 2>/dev/null && echo "-n 8")
+python3 -m pytest -q -p no:cacheprovider --noconftest -o addopts="" $xdist tests/kernels/test_attention_gpu.py 2>&1 | tee "$log"
 tests_rc=${PIPESTATUS[0]}
 python3 bench/attention/bench_attention.py --out "$OUT" "$@" 2>&1 | tee -a "$log"
 bench_rc=${PIPESTATUS[0]}
