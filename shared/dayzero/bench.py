@@ -24,6 +24,7 @@ Prints a table and writes JSON (``--json PATH``).
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import math
 import os
@@ -35,7 +36,7 @@ import torch
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
-    p.add_argument("mode", choices=("prefill", "decode"))
+    p.add_argument("mode", choices=("prefill", "decode", "all"), help="all: prefill then decode on one model build")
     p.add_argument("--model", default="20b", help="preset (tiny, 20b, 120b: random weights) or checkpoint dir")
     p.add_argument("--backend", default="triton")
     p.add_argument("--dtype", choices=("float32", "bfloat16", "fp8"), default="fp8")
@@ -50,6 +51,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="profile: kernel time per op from torch.profiler; sync: device sync around each op")
     p.add_argument("--graphs", choices=("auto", "on", "off", "both"), default="auto",
                    help="decode: CUDA graphs (auto: where the engine would use them)")
+    p.add_argument("--qkv", choices=("stacked", "three", "both"), default="stacked",
+                   help="decode: q/k/v as one stacked GEMM (the engine's default), three GEMMs, or both rows")
     p.add_argument("--usd-per-gpu-hour", type=float, default=3.0)
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--json", default=None, help="write the results here")
@@ -214,6 +217,22 @@ def bench_decode(model, batch: int, context: int, steps: int, seed: int, breakdo
     return res
 
 
+@contextlib.contextmanager
+def qkv_gemms(model, mode: str):
+    """Within the block, attention runs q/k/v as ``mode``: "stacked" (as built) or "three" (three GEMMs over
+    the stacked weight's row views, i.e. the same weights). Yields what is used: "stacked" or "three"."""
+    attns = [layer.self_attn for layer in model.model.layers]
+    saved = [a.qkv_lw for a in attns]
+    if mode == "three":
+        for a in attns:
+            a.qkv_lw = None
+    try:
+        yield "stacked" if all(lw is not None for lw in saved) and mode == "stacked" else "three"
+    finally:
+        for a, lw in zip(attns, saved):
+            a.qkv_lw = lw
+
+
 def _print_breakdown(row: dict) -> None:
     from dayzero.bench_breakdown import print_breakdown
 
@@ -230,7 +249,8 @@ def run(args: argparse.Namespace) -> int:
                                                                    or args.backend == "torch"):
         print("dayzero bench: error: --graphs on/both needs --device cuda and a GPU kernel backend", file=sys.stderr)
         return 2
-    need = args.tokens + 8 if args.mode == "prefill" else args.context + args.steps + 8
+    parts = ("prefill", "decode") if args.mode == "all" else (args.mode,)
+    need = max(args.tokens + 8 if "prefill" in parts else 0, args.context + args.steps + 8 if "decode" in parts else 0)
     t0 = time.perf_counter()
     model = build_model(args, need)
     meta = {"model": args.model, "backend": args.backend, "dtype": args.dtype, "build_s": time.perf_counter() - t0,
@@ -238,25 +258,29 @@ def run(args: argparse.Namespace) -> int:
             "date": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()), "fallback_ops": list(model.ops.fallbacks),
             "commit": os.environ.get("DAYZERO_COMMIT", "unknown")}
     rows = []
-    if args.mode == "prefill":
+    if "prefill" in parts:
         bd = args.breakdown and args.breakdown_mode
         rows.append(bench_prefill(model, args.tokens, args.repeat, bd, args.usd_per_gpu_hour, args.seed))
         r = rows[0]
         print(f"prefill {args.model} {args.dtype}/{args.backend} {r['tokens']} tokens: {r['seconds']:.4f} s "
               f"({r['tokens_per_s']:.0f} tok/s, ${r['usd_per_1m_input_tokens']:.4f} per 1M input tokens)")
         _print_breakdown(r)
-    else:
+    if "decode" in parts:
         from dayzero.runtime.model_runner import graphs_by_default
 
         modes = {"auto": [graphs_by_default(model)], "on": [True], "off": [False], "both": [True, False]}[args.graphs]
-        for b in [int(x) for x in args.batch.split(",") if x]:
-            for graphs in modes:
-                bd = args.breakdown and args.breakdown_mode
-                rows.append(bench_decode(model, b, args.context, args.steps, args.seed, bd, graphs))
-                r = rows[-1]
-                print(f"decode {args.model} batch {b} ctx {args.context} {'graph' if graphs else 'eager'}: "
-                      f"{r['ms_per_step']:.2f} ms/step, {r['tokens_per_s']:.1f} tok/s (warm-up {r['warmup_s']:.1f} s)")
-                _print_breakdown(r)
+        for qkv in ("stacked", "three") if args.qkv == "both" else (args.qkv,):
+            with qkv_gemms(model, qkv) as used:
+                for b in [int(x) for x in args.batch.split(",") if x]:
+                    for graphs in modes:
+                        bd = args.breakdown and args.breakdown_mode and qkv == "stacked"
+                        rows.append(bench_decode(model, b, args.context, args.steps, args.seed, bd, graphs))
+                        r = rows[-1]
+                        r["qkv"] = used
+                        print(f"decode {args.model} batch {b} ctx {args.context} {'graph' if graphs else 'eager'} "
+                              f"q/k/v {used}: {r['ms_per_step']:.2f} ms/step, {r['tokens_per_s']:.1f} tok/s "
+                              f"(warm-up {r['warmup_s']:.1f} s)")
+                        _print_breakdown(r)
     if args.json:
         with open(args.json, "w", encoding="utf-8") as f:
             json.dump({"meta": meta, "rows": rows}, f, indent=1)
