@@ -34,7 +34,8 @@ TYPES = {"x_ptr": "*bf16", "h_ptr": "*bf16", "ids_ptr": "*i64", "wt_ptr": "*bf16
 
 
 def check(kernel, consts: dict, warps: int = 4, stages: int = 4, maxnreg: int = 0) -> dict:
-    sig = {n: ("constexpr" if n in consts else TYPES.get(n, "i32")) for n in kernel.arg_names}
+    types = dict(TYPES, h_ptr="*fp16") if consts.get("H16") else TYPES
+    sig = {n: ("constexpr" if n in consts else types.get(n, "i32")) for n in kernel.arg_names}
     attrs = {(i,): [["tt.divisibility", 16]] for i, n in enumerate(kernel.arg_names)
              if n not in consts and n not in NOT_DIV16}
     opts = dict(num_warps=warps, num_stages=stages, **({"maxnreg": maxnreg} if maxnreg else {}))
@@ -55,27 +56,24 @@ def check(kernel, consts: dict, warps: int = 4, stages: int = 4, maxnreg: int = 
                 ldg128=sass.count("LDG.E.128"), ldgsts=sass.count("LDGSTS"))
 
 
-SPLIT_VARIANTS = {  # label: (bn, ku, stages, warps); the device bench times the same rows (bench_small.SPLIT_VARIANTS)
-    "bn32": (32, 1, 4, 4), "bn32_st6": (32, 1, 6, 4), "bn64": (64, 1, 4, 4), "bn64_st6": (64, 1, 6, 4),
-    "bn32_ku2": (32, 2, 4, 4), "bn64_ku2_w8": (64, 2, 3, 8), "bn128_w8": (128, 1, 4, 8),
-}
-
-
 def split_configs(labels=None):
-    """(label, kernel, consts, warps, stages) of the split-K variants: T = 1 (fused: leader slots,
-    split 2) and T = 64 (plan tables, no split)."""
+    """(label, kernel, consts, warps, stages) of the split-K candidates (``VARIANTS``): T = 1 (fused:
+    leader slots, split 2) and T = 64 (plan tables, no split), 20B shapes (N = 5760 / 2880)."""
+    from dayzero.kernels.triton_moe_small_split import VARIANTS
+
     for name, kern in (("gate_up", S.gate_up_kernel), ("down", S.down_kernel)):
-        for label, (bn, ku, stages, warps) in SPLIT_VARIANTS.items():
+        for label, t in VARIANTS.items():
             if labels and label not in labels:
                 continue
+            bn = t.bn_gate_up if kern is S.gate_up_kernel else t.bn_down
             for fused, split in ((True, 2), (False, 1)):
-                per = -(-(-(-23 // split)) // ku) * ku
-                consts = dict(TOPK=4, TB=64, PB=16 if fused else 32, BM=16, BN=bn, BK_=128, KU=ku, SPLIT=split,
-                              KBP=triton.next_power_of_2(per), PLAN=not fused, ONE_CHUNK=fused,
-                              DOT_F32=False)
+                consts = dict(TOPK=4, TB=64, PB=16 if fused else 32, BM=t.bm, BN=bn, BK_=128, SPLIT=split,
+                              EVEN_N=(5760 if kern is S.gate_up_kernel else 2880) % bn == 0, H16=t.h16,
+                              PLAN=not fused, ONE_CHUNK=fused, DOT_F32=False)
                 if kern is S.down_kernel:
                     consts["FUSE"] = fused
-                yield f"{name} {label} {'T1' if fused else 'T64'}", kern, consts, warps, stages
+                warps = t.warps_down or t.warps if kern is S.down_kernel else t.warps
+                yield f"{name} {label} {'T1' if fused else 'T64'}", kern, consts, warps, t.stages
 
 
 def main() -> int:

@@ -29,8 +29,8 @@ step e2e 260 python3 bench/moe/e2e_hf.py --out "$OUT" --model 20b --tokens 2048 
 step decode120 90 python3 -m dayzero bench decode --model 120b --batch 1,64 --context 1024 --steps 16 --breakdown \
   --json "$OUT/bench-decode-120b.json"
 # decode MoE (not in the default list: MOE_STEPS=small): bench first (its worker processes fill Triton's
-# cache for the tests too), then the GPU tests of the split-K path over 4 pytest-xdist workers
-step small "${MOE_SMALL_TIMEOUT:-230}" sh -c 'timeout "${MOE_SMALL_BENCH_S:-130}" python3 bench/moe/bench_small.py --out "$1" ${MOE_SMALL_ARGS:-}; r=$?; timeout "${MOE_SMALL_TEST_S:-95}" python3 -m pytest -q -n 4 -p no:cacheprovider --noconftest -o addopts="" tests/kernels/test_moe_small_gpu.py -k "${MOE_SMALL_TEST_K:-split or registered}" || r=1; exit $r' _ "$OUT"
+# cache for the tests too), then the GPU tests of the split-K path over 2 pytest-xdist workers (each builds ~37 GB of test experts)
+step small "${MOE_SMALL_TIMEOUT:-230}" sh -c 'timeout "${MOE_SMALL_BENCH_S:-130}" python3 bench/moe/bench_small.py --out "$1" ${MOE_SMALL_ARGS:-}; r=$?; timeout "${MOE_SMALL_TEST_S:-95}" python3 -m pytest -q -n 2 -p no:cacheprovider --noconftest -o addopts="" tests/kernels/test_moe_small_gpu.py -k "${MOE_SMALL_TEST_K:-split or registered}" || r=1; exit $r' _ "$OUT"
 step gluon 330 sh -c 'timeout 150 python3 -m pytest -q -p no:cacheprovider --noconftest -o addopts="" --timeout 60 --timeout-method thread tests/kernels/test_moe_gluon_gpu.py >"$1/gluon-tests.log" 2>&1; r=$?; cat "$1/gluon-tests.log"; grep -q Timeout "$1/gluon-tests.log" && exit 1; timeout 170 python3 bench/moe/bench_gluon.py --out "$1" ${MOE_GLUON_ARGS:-} || r=1; exit $r' _ "$OUT"  # Gluon warp-specialised prefill GEMMs (not in the default list: MOE_STEPS=gluon)
 echo "moe: rc=$rc" | tee -a "$log"
 exit $rc

@@ -28,17 +28,18 @@ BK = 128  # one weight scale block per K step
 class SplitTiles:
     """Launch configuration. ``split_*``: K splits per (slot, N tile); 0 = enough programs for
     ``target_programs`` when every slot is touched (a slot is a distinct local expert, at most
-    min(T * k, E)); ``ku``: 128-wide K blocks issued per loop iteration."""
+    min(T * k, E))."""
 
     bm: int = 16
     bn_gate_up: int = 32
     bn_down: int = 32
-    ku: int = 1
+    h16: bool = True             # h in fp16 (down multiplies in fp16: fewer conversion instructions)
     split_gate_up: int = 0
     split_down: int = 0
     target_programs: int = 1584  # 12 per SM on an H200 (132 SMs)
     max_split: int = 8
     warps: int = 4
+    warps_down: int = 0          # 0: same as ``warps``
     stages: int = 4
     # up to this many pairs (T * k) slots are pairs (leader scan in-kernel, no plan launch) and down
     # does the combine itself (tickets); above it the plan launch and the combine launch run
@@ -46,17 +47,21 @@ class SplitTiles:
 
 
 # Candidate launch configurations (the GPU tests check each; the bench times each at every T).
-# sm_90 compile (bench/moe/compile_check_small.py), gate_up / down at T = 1: registers 112 / 80 (bn32),
-# 96 / 96 (bn64), 128 / 102 (bn128, 8 warps); weight bytes in flight per SM ~48-120 KB.
+# Run 3: all within ~10 % of each other at T = 1 (bn64 best): the K loop is bound by instructions per
+# weight byte. sm_90 compile after the changes for run 4, instructions per K step per warp and KB of
+# weights (bench/moe/compile_check_small.py): gate_up bn32 175, bn64 146, bn64 2 warps 133, bn128 123;
+# down (fp16) bn32 139, bn64 94, bn64 2 warps 67, bn128 86 (run 3: 209 for both at bn32).
 VARIANTS = {
     "bn32": SplitTiles(),
-    "bn32_st6": SplitTiles(stages=6),
-    "bn32_ku2": SplitTiles(ku=2),
     "bn64": SplitTiles(bn_gate_up=64, bn_down=64),
-    "bn64_st6": SplitTiles(bn_gate_up=64, bn_down=64, stages=6),
+    "bn64_w2": SplitTiles(bn_gate_up=64, bn_down=64, warps=2),
     "bn64_x2": SplitTiles(bn_gate_up=64, bn_down=64, target_programs=3168),
-    "bn64_ku2_w8": SplitTiles(bn_gate_up=64, bn_down=64, ku=2, stages=3, warps=8),
+    "bn128": SplitTiles(bn_gate_up=128, bn_down=128),
     "bn128_w8": SplitTiles(bn_gate_up=128, bn_down=128, warps=8),
+    "bn64_bf16": SplitTiles(bn_gate_up=64, bn_down=64, h16=False),
+    "g128_d64w2": SplitTiles(bn_gate_up=128, bn_down=64, warps_down=2),
+    "g128w8_d64w2": SplitTiles(bn_gate_up=128, bn_down=64, warps=8, warps_down=2),
+    "bn64_w2_nofuse": SplitTiles(bn_gate_up=64, bn_down=64, warps=2, fuse_max_pairs=0),
 }
 
 
@@ -65,19 +70,12 @@ def default_tiles(T: int) -> SplitTiles:
 
 
 def choose_split(requested: int, slots: int, n_tiles: int, K: int, tiles: SplitTiles) -> int:
-    """K splits: the requested count, or the fewest that give ``target_programs``; never more than
-    one split per KU blocks (each split gets at least one loop iteration)."""
-    nkb = triton.cdiv(K, BK)
-    most = max(1, min(tiles.max_split, nkb // tiles.ku))
+    """K splits: the requested count, or the fewest that give ``target_programs`` (at most
+    ``max_split`` and the number of K blocks)."""
+    most = max(1, min(tiles.max_split, triton.cdiv(K, BK)))
     if requested:
         return max(1, min(requested, most))
     return max(1, min(triton.cdiv(tiles.target_programs, max(1, slots * n_tiles)), most))
-
-
-def _kbp(K: int, split: int, ku: int) -> int:
-    """Power of two >= the K blocks of one split (the kernels' ``_program`` ranges)."""
-    per = triton.cdiv(triton.cdiv(triton.cdiv(K, BK), split), ku) * ku
-    return triton.next_power_of_2(per)
 
 
 def _tickets(experts: ExpertWeights, n: int, dev: torch.device) -> torch.Tensor:
@@ -111,8 +109,8 @@ class MoeSplit:
         for bn in (t.bn_gate_up, t.bn_down):
             if bn < 16 or 128 % bn:
                 raise ValueError(f"N tile {bn} must divide 128 and be >= 16")
-        if t.ku < 1 or t.bm < 16:
-            raise ValueError(f"ku must be >= 1 and bm >= 16, got {t.ku}, {t.bm}")
+        if t.bm < 16:
+            raise ValueError(f"bm must be >= 16, got {t.bm}")
         self.T, self.H, self.I, self.E, self.k = T, H, I, E, ids.shape[1]
         self.x, self.ids, self.weights, self.ex, self.limit = (x.contiguous(), ids.contiguous(),
                                                                weights.contiguous(), experts, float(limit))
@@ -133,11 +131,11 @@ class MoeSplit:
         tickets = _tickets(experts, n1 + self.nt2, dev)
         self.tickets1, self.tickets2 = tickets[:n1], tickets[n1:]
         self.ws = torch.empty((self.s1, self.P, 2 * I) if self.s1 > 1 else (1,), dtype=torch.float32, device=dev)
-        self.h = torch.empty((self.P, I), dtype=torch.bfloat16, device=dev)               # per pair
+        self.h = torch.empty((self.P, I), dtype=torch.float16 if t.h16 else torch.bfloat16, device=dev)  # per pair
         self.y = torch.empty((self.s2, self.P, H), dtype=torch.float32, device=dev)       # per split, pair
         self.out = torch.empty((T, H), dtype=x.dtype, device=dev)
-        self.launch = dict(TOPK=self.k, BM=t.bm, BK_=BK, KU=t.ku, TB=self.tb, PB=self.pb, PLAN=not self.fused,
-                           ONE_CHUNK=T <= t.bm, DOT_F32=interpreting(), num_warps=t.warps, num_stages=t.stages)
+        self.launch = dict(TOPK=self.k, BM=t.bm, BK_=BK, H16=t.h16, TB=self.tb, PB=self.pb, PLAN=not self.fused,
+                           ONE_CHUNK=T <= t.bm, DOT_F32=interpreting(), num_stages=t.stages)
 
     def plan(self) -> None:
         if self.fused:
@@ -153,7 +151,8 @@ class MoeSplit:
         gate_up_kernel[(self.slots * self.nt1 * self.s1,)](
             self.x, self.ids, w, s, b, self.h, self.ws, self.tickets1, self.slot_e, self.slot_cnt, self.slot_pairs,
             self.H, 2 * self.I, self.nt1, self.P, self.offset, self.E, self.x.stride(0), w.stride(0), w.stride(1),
-            s.stride(0), s.stride(1), b.stride(0), self.h.stride(0), self.limit, SWIGLU_ALPHA, BN=t.bn_gate_up, SPLIT=self.s1, KBP=_kbp(self.H, self.s1, t.ku), **self.launch)
+            s.stride(0), s.stride(1), b.stride(0), self.h.stride(0), self.limit, SWIGLU_ALPHA, BN=t.bn_gate_up,
+            SPLIT=self.s1, EVEN_N=(2 * self.I) % t.bn_gate_up == 0, num_warps=t.warps, **self.launch)
 
     def down(self) -> None:
         ex, t = self.ex, self.tiles
@@ -162,8 +161,8 @@ class MoeSplit:
             self.h, self.ids, self.weights, w, s, b, self.y, self.out, self.tickets2, self.slot_e, self.slot_cnt,
             self.slot_pairs, self.T, self.I, self.H, self.nt2, self.P, self.offset, self.E, self.slots,
             self.h.stride(0), w.stride(0), w.stride(1), s.stride(0), s.stride(1), b.stride(0), self.out.stride(0),
-            FUSE=self.fused, BN=t.bn_down, SPLIT=self.s2, KBP=_kbp(self.I, self.s2, t.ku),
-            **self.launch)
+            FUSE=self.fused, BN=t.bn_down, SPLIT=self.s2, EVEN_N=self.H % t.bn_down == 0,
+            num_warps=t.warps_down or t.warps, **self.launch)
 
     def combine(self) -> None:
         if self.fused:

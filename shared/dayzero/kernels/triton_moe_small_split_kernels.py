@@ -4,8 +4,7 @@ Why: at 1-4 tokens the two-launch kernels (``triton_moe_small_kernels``) stream 
 expert with one program per (expert, N tile): 720 gate_up and 360 down programs at T = 1, each
 walking K = 2880 in 23 steps of 4 KB, which left the GPU at ~1.5 TB/s (bench/NOTES.md "MoE decode").
 Here K is also split over ``SPLIT`` programs (program = (slot, N tile, K split), the K splits of one
-tile on neighbouring program ids), ``KU`` 128-wide K blocks are issued per loop iteration (KU * 128
-contiguous bytes per weight row at once), and no program works out the whole routing:
+tile on neighbouring program ids), and no program works out the whole routing:
   * ``PLAN``: ``plan_kernel`` (one program per slot = s-th smallest touched local expert) writes
     the slot's expert, token count and pair ids to small tables first (one more launch);
   * else (small T * k): slot = pair p; its program exits unless p is the first pair routed to its
@@ -13,13 +12,17 @@ contiguous bytes per weight row at once), and no program works out the whole rou
 Kernels:
   1. ``gate_up_kernel``: acc [BM, BN] over the program's K range. SPLIT = 1: epilogue right away
      (``+ b1``, bf16 rounding like the reference, clamped SwiGLU on interleaved gate/up columns) ->
-     h [P, I] bf16. SPLIT > 1: the fp32 partial goes to ws [SPLIT, P, 2I] (plain stores), then a
+     h [P, I] bf16, or fp16 with ``H16`` (|h| <= 8 * limit fits; down then multiplies in fp16, whose
+     e4m3 -> f16 conversion is half the instructions of e4m3 -> bf16). SPLIT > 1: the fp32 partial goes to ws [SPLIT, P, 2I] (plain stores), then a
      ticket per (slot, N tile); the program drawing the last ticket sums the SPLIT partials in
      split order (deterministic whatever the arrival order), runs the epilogue, resets the ticket.
   2. ``down_kernel``: y [SPLIT, P, H] fp32 = partial of (acc + b2) * routing weight (bias in split 0).
      ``FUSE``: a ticket per N tile counts (touched slots x SPLIT) arrivals; the last program sums
      y over each token's local routes, then splits (fixed order) and writes out [T, H] bf16
      (tokens without a local route: zeros), so no combine launch. Else ``combine_kernel`` does it.
+Run 3 (bench/NOTES.md): the K loop is bound by instructions per weight byte (~209 per warp and
+128-wide step at BN = 32), so full K blocks load without masks, A rows are not masked (rows past
+an expert's token count read pair 0 and are dropped at the store) and scales come one step ahead.
 Tickets live between calls (``experts.derived``): zero before the first call, reset by their last
 user. Weights FP8 [E, N, K] with 128x128 block scales [E, ceil(N/128), ceil(K/128)] (BN divides 128);
 activations bf16, widened weights, fp32 accumulation. No host syncs: CUDA-graph capturable.
@@ -48,13 +51,13 @@ def plan_kernel(ids_ptr, slot_e_ptr, slot_cnt_ptr, slot_pairs_ptr, T, offset, E,
 
 
 @triton.jit
-def _program(pid, n_tiles, K, SPLIT: tl.constexpr, KU: tl.constexpr, BK_: tl.constexpr):
-    """pid -> (slot, N tile, K split, first K block, end K block); split ranges are multiples of KU."""
+def _program(pid, n_tiles, K, SPLIT: tl.constexpr, BK_: tl.constexpr):
+    """pid -> (slot, N tile, K split, first K block, end K block)."""
     ks = pid % SPLIT
     pid_n = (pid // SPLIT) % n_tiles
     s = pid // (SPLIT * n_tiles)
     nkb = tl.cdiv(K, BK_)
-    per = tl.cdiv(tl.cdiv(nkb, SPLIT), KU) * KU
+    per = tl.cdiv(nkb, SPLIT)
     kb0 = ks * per
     return s, pid_n, ks, kb0, tl.minimum(kb0 + per, nkb)
 
@@ -123,26 +126,48 @@ def _touched(ids_ptr, slot_e_ptr, n_slots, P, offset, E, PB: tl.constexpr, PLAN:
 
 
 @triton.jit
-def _stream(a_ptrs, row_ok, b_ptrs, s_ptr, n_ok, K, kb0, kb1, BM: tl.constexpr, BN: tl.constexpr,
-            BK_: tl.constexpr, KU: tl.constexpr, KBP: tl.constexpr, DOT_F32: tl.constexpr):
-    """acc [BM, BN] = A[:, kb0*BK_ : kb1*BK_] (bf16 rows) @ dequant(fp8 tile)^T over the same K range."""
+def _step(acc, a_ptrs, b_ptrs, k, sb, k_ok, n_ok, MASK_K: tl.constexpr, EVEN_N: tl.constexpr,
+          A16: tl.constexpr, DOT_F32: tl.constexpr):
+    """acc + (A[:, k : k+BK] @ fp8 tile[k : k+BK, :]) * sb. A rows past the expert's token count
+    read a valid row (pair 0) and are dropped by the epilogue, so only K/N tails are masked."""
+    if MASK_K:
+        a = tl.load(a_ptrs + k, mask=k_ok[None, :], other=0.0)
+        if EVEN_N:
+            b = tl.load(b_ptrs + k, mask=k_ok[:, None], other=0.0)
+        else:
+            b = tl.load(b_ptrs + k, mask=k_ok[:, None] & n_ok[None, :], other=0.0)
+    else:
+        a = tl.load(a_ptrs + k)
+        if EVEN_N:
+            b = tl.load(b_ptrs + k)
+        else:
+            b = tl.load(b_ptrs + k, mask=n_ok[None, :], other=0.0)
+    if DOT_F32:  # the CPU interpreter mis-multiplies bf16 dots
+        return acc + tl.dot(a.to(tl.float32), b.to(tl.float32)) * sb
+    elif A16:    # fp16 operands: e4m3 -> f16 is one instruction per two weights (bf16 needs one more each)
+        return acc + tl.dot(a, b.to(tl.float16)) * sb
+    else:
+        return acc + tl.dot(a, b.to(tl.bfloat16)) * sb
+
+
+@triton.jit
+def _stream(a_ptrs, b_ptrs, s_ptr, n_ok, K, kb0, kb1, BM: tl.constexpr, BN: tl.constexpr, BK_: tl.constexpr,
+            EVEN_N: tl.constexpr, A16: tl.constexpr, DOT_F32: tl.constexpr):
+    """acc [BM, BN] = A[:, kb0*BK_ : kb1*BK_] @ dequant(fp8 tile)^T over the same K range: full
+    128-wide blocks without masks, then the partial last block of K where the range holds it."""
     offs_k = tl.arange(0, BK_)
     acc = tl.zeros((BM, BN), dtype=tl.float32)
-    # the range's block scales up front (KBP >= kb1 - kb0): a scalar load in the step that uses it
-    # is not pipelined (compiled for sm_90: a synchronous L2 round trip in every step)
-    kidx = tl.arange(0, KBP)
-    svec = tl.load(s_ptr + kb0 + kidx, mask=kb0 + kidx < kb1, other=0.0)
-    for kb in range(kb0, kb1, KU):
-        for u in tl.static_range(KU):     # KU blocks of each row issued back to back (contiguous bytes)
-            k = (kb + u) * BK_
-            k_ok = offs_k < K - k         # also false past the range's end (kb1 == nkb there)
-            a = tl.load(a_ptrs + k, mask=row_ok[:, None] & k_ok[None, :], other=0.0)
-            b = tl.load(b_ptrs + k, mask=k_ok[:, None] & n_ok[None, :], other=0.0)
-            sb = tl.sum(tl.where(kidx == kb + u - kb0, svec, 0.0), 0)
-            if DOT_F32:  # the CPU interpreter mis-multiplies bf16 dots
-                acc += tl.dot(a.to(tl.float32), b.to(tl.float32)) * sb
-            else:
-                acc += tl.dot(a, b.to(tl.bfloat16)) * sb
+    kfull = tl.minimum(kb1, K // BK_)
+    # block scales one step ahead (a scalar load is not pipelined by the compiler: loaded in the
+    # step that uses it, it would cost an L2 round trip per step)
+    sb = tl.load(s_ptr + kb0, mask=kb0 < kb1, other=0.0)
+    for kb in range(kb0, kfull):
+        sn = tl.load(s_ptr + kb + 1, mask=kb + 1 < kb1, other=0.0)
+        acc = _step(acc, a_ptrs, b_ptrs, kb * BK_, sb, offs_k, n_ok, False, EVEN_N, A16, DOT_F32)
+        sb = sn
+    if kfull < kb1:
+        acc = _step(acc, a_ptrs, b_ptrs, kfull * BK_, sb, offs_k < K - kfull * BK_, n_ok, True, EVEN_N, A16,
+                    DOT_F32)
     return acc
 
 
@@ -165,7 +190,7 @@ def _swiglu_store(v, bias, h_ptr, pair, row_ok, pid_n, N, stride_h, limit, alpha
     up = tl.minimum(tl.maximum(up, -limit), limit)
     h = (up + 1.0) * (gate * tl.sigmoid(alpha * gate))
     offs_h = pid_n * (BN // 2) + tl.arange(0, BN // 2)
-    tl.store(h_ptr + pair.to(tl.int64)[:, None] * stride_h + offs_h[None, :], h.to(tl.bfloat16),
+    tl.store(h_ptr + pair.to(tl.int64)[:, None] * stride_h + offs_h[None, :], h.to(h_ptr.dtype.element_ty),
              mask=row_ok[:, None] & (offs_h < N // 2)[None, :])
 
 
@@ -174,9 +199,9 @@ def gate_up_kernel(x_ptr, ids_ptr, w_ptr, s_ptr, b_ptr, h_ptr, ws_ptr, ticket_pt
                    slot_pairs_ptr, K, N, n_tiles, P, offset, E, stride_x, stride_we, stride_wn, stride_se,
                    stride_sn, stride_be, stride_h, limit, alpha,
                    TOPK: tl.constexpr, TB: tl.constexpr, PB: tl.constexpr, BM: tl.constexpr, BN: tl.constexpr,
-                   BK_: tl.constexpr, KU: tl.constexpr, KBP: tl.constexpr, SPLIT: tl.constexpr,
+                   BK_: tl.constexpr, SPLIT: tl.constexpr, EVEN_N: tl.constexpr, H16: tl.constexpr,
                    PLAN: tl.constexpr, ONE_CHUNK: tl.constexpr, DOT_F32: tl.constexpr):
-    s, pid_n, ks, kb0, kb1 = _program(tl.program_id(0), n_tiles, K, SPLIT, KU, BK_)
+    s, pid_n, ks, kb0, kb1 = _program(tl.program_id(0), n_tiles, K, SPLIT, BK_)
     e, cnt = _slot(ids_ptr, slot_e_ptr, slot_cnt_ptr, s, P, offset, E, PB, PLAN)
     if e < 0:
         return
@@ -191,7 +216,7 @@ def gate_up_kernel(x_ptr, ids_ptr, w_ptr, s_ptr, b_ptr, h_ptr, ws_ptr, ticket_pt
     for c in range(0, _chunk_end(cnt, ONE_CHUNK), BM):
         pair, row_ok = _rows(ids_ptr, slot_pairs_ptr, s, e, cnt, c, P, offset, TB, BM, PB, PLAN)
         a_ptrs = x_ptr + (pair // TOPK).to(tl.int64)[:, None] * stride_x + offs_k[None, :]
-        acc = _stream(a_ptrs, row_ok, b_ptrs, sc_ptr, n_ok, K, kb0, kb1, BM, BN, BK_, KU, KBP, DOT_F32)
+        acc = _stream(a_ptrs, b_ptrs, sc_ptr, n_ok, K, kb0, kb1, BM, BN, BK_, EVEN_N, False, DOT_F32)
         if SPLIT == 1:
             _swiglu_store(acc, bias, h_ptr, pair, row_ok, pid_n, N, stride_h, limit, alpha, BM, BN)
         else:
@@ -230,9 +255,9 @@ def down_kernel(h_ptr, ids_ptr, wt_ptr, w_ptr, s_ptr, b_ptr, y_ptr, out_ptr, tic
                 slot_pairs_ptr, T, K, N, n_tiles, P, offset, E, n_slots, stride_h, stride_we, stride_wn, stride_se,
                 stride_sn, stride_be, stride_o,
                 TOPK: tl.constexpr, TB: tl.constexpr, PB: tl.constexpr, BM: tl.constexpr, BN: tl.constexpr,
-                BK_: tl.constexpr, KU: tl.constexpr, KBP: tl.constexpr, SPLIT: tl.constexpr, PLAN: tl.constexpr,
+                BK_: tl.constexpr, SPLIT: tl.constexpr, EVEN_N: tl.constexpr, H16: tl.constexpr, PLAN: tl.constexpr,
                 FUSE: tl.constexpr, ONE_CHUNK: tl.constexpr, DOT_F32: tl.constexpr):
-    s, pid_n, ks, kb0, kb1 = _program(tl.program_id(0), n_tiles, K, SPLIT, KU, BK_)
+    s, pid_n, ks, kb0, kb1 = _program(tl.program_id(0), n_tiles, K, SPLIT, BK_)
     offs_n = pid_n * BN + tl.arange(0, BN)
     n_ok = offs_n < N
     offs_nc = tl.where(n_ok, offs_n, 0)
@@ -253,7 +278,7 @@ def down_kernel(h_ptr, ids_ptr, wt_ptr, w_ptr, s_ptr, b_ptr, y_ptr, out_ptr, tic
     for c in range(0, _chunk_end(cnt, ONE_CHUNK), BM):
         pair, row_ok = _rows(ids_ptr, slot_pairs_ptr, s, e, cnt, c, P, offset, TB, BM, PB, PLAN)
         a_ptrs = h_ptr + pair.to(tl.int64)[:, None] * stride_h + offs_k[None, :]
-        acc = _stream(a_ptrs, row_ok, b_ptrs, sc_ptr, n_ok, K, kb0, kb1, BM, BN, BK_, KU, KBP, DOT_F32)
+        acc = _stream(a_ptrs, b_ptrs, sc_ptr, n_ok, K, kb0, kb1, BM, BN, BK_, EVEN_N, H16, DOT_F32)
         wt = tl.load(wt_ptr + pair, mask=row_ok, other=0.0).to(tl.float32)
         y = (acc + bias[None, :]) * wt[:, None]
         tl.store(y_ptr + (ks * P + pair).to(tl.int64)[:, None] * N + offs_n[None, :], y,
