@@ -1,8 +1,9 @@
 """Decode-sized MoE (1-64 tokens): the split-K path (``triton_moe_small_split``, every candidate in
 ``VARIANTS``) vs the aligned small-M path of ``triton_moe`` (``MoeRun(small=True)``: 3 align launches,
-gate_up, down, combine), and at T = 1 the two-launch path of session 2 (``triton_moe_small``).
+gate_up, down, combine). (Runs 1-4 also timed session 2's two-launch path, removed after run 4.)
 
     PYTHONPATH=shared python bench/moe/bench_small.py --out DIR [--quick] [--jobs N]
+    (MOE_SMALL_VARIANTS=bn64,bn128 times only those split-K candidates)
 
 Compiling every (variant, T) takes minutes one by one, so ``--jobs`` worker processes first run
 each configuration once (filling Triton's on-disk cache) and the timing process then loads them.
@@ -29,7 +30,6 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from common import COPY_TBS, Results, graph_us, median_ms, random_experts  # noqa: E402
 
 from dayzero.kernels.triton_moe import MoeRun  # noqa: E402
-from dayzero.kernels.triton_moe_small import MoeSmall  # noqa: E402
 from dayzero.kernels.triton_moe_small_split import VARIANTS, MoeSplit  # noqa: E402
 from dayzero.kernels.triton_moe_small_split import default_tiles as split_default  # noqa: E402
 
@@ -69,8 +69,6 @@ def makers(T: int, E: int, ex) -> dict:
     m = {f"split_{name}": (lambda x, w, i, t=t: MoeSplit(x, w, i, ex, LIMIT, t)) for name, t in VARIANTS.items()
          if name in os.environ.get("MOE_SMALL_VARIANTS", name).split(",")}
     m["old_small"] = lambda x, w, i: MoeRun(x, w, i, ex, LIMIT, small=True)
-    if T == 1:
-        m["small2"] = lambda x, w, i: MoeSmall(x, w, i, ex, LIMIT)
     return m
 
 
@@ -120,7 +118,7 @@ def sweep(res: Results, E: int, Ts, out_dir: str) -> None:
         mb = touched * per_expert / 1e6
         base = dict(E=E, T=T, experts_touched=touched, mb_touched=round(mb, 1),
                     floor_us=mb / COPY_TBS, target_us=mb / (0.7 * COPY_TBS))
-        default = next((n for n, t in VARIANTS.items() if t == split_default(T)), "")
+        default = next((n for n, t in VARIANTS.items() if t == split_default(T * K_TOP, E)), "")
         for name, make in makers(T, E, ex).items():
             try:
                 runs = [make(x, w, i) for x, (w, i) in zip(xs, routes)]

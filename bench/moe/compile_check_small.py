@@ -1,10 +1,10 @@
-"""Compile the decode MoE kernels (``triton_moe_small_kernels`` and the split-K
-``triton_moe_small_split_kernels``) for sm_90 on a machine WITHOUT a GPU and report registers per
-thread, spills, shared memory, the programs per SM they allow (65536 registers, ~227 KB shared
-memory, 32 * warps threads per program) and how many loads the pipeliner turned into async copies.
-Uses Triton's bundled cuobjdump.
+"""Compile the split-K decode MoE kernels (``triton_moe_small_split_kernels``) for sm_90 on a machine
+WITHOUT a GPU and report registers per thread, spills, shared memory, the programs per SM they allow
+(65536 registers, ~227 KB shared memory, 32 * warps threads per program), how many loads the
+pipeliner turned into async copies, and the SASS instructions of the innermost K loop (per warp and
+128-wide step). Uses Triton's bundled cuobjdump.
 
-    PYTHONPATH=shared python bench/moe/compile_check_small.py [--split-only]
+    PYTHONPATH=shared python bench/moe/compile_check_small.py [VARIANT ...]
 
 Integer arguments that a real launch sees as multiples of 16 (pointers, K, N, E, most strides) get
 the same divisibility hint here, so the loads vectorise and pipeline as they do on the device.
@@ -22,24 +22,38 @@ import triton
 from triton.backends.compiler import GPUTarget
 from triton.compiler.compiler import ASTSource
 
-from dayzero.kernels import triton_moe_small_kernels as K
 from dayzero.kernels import triton_moe_small_split_kernels as S
 
 BIN = os.path.join(os.path.dirname(triton.__file__), "backends", "nvidia", "bin")
-NOT_DIV16 = {"T", "n_tiles", "stride_se", "stride_sn", "cnt_total", "limit", "alpha", "offset", "P"}
+NOT_DIV16 = {"T", "n_tiles", "stride_se", "stride_sn", "limit", "alpha", "offset", "P"}
 TYPES = {"x_ptr": "*bf16", "h_ptr": "*bf16", "ids_ptr": "*i64", "wt_ptr": "*bf16", "w_ptr": "*fp8e4nv",
-         "s_ptr": "*fp32", "b_ptr": "*bf16", "y_ptr": "*fp32", "out_ptr": "*bf16", "cnt_ptr": "*i32",
+         "s_ptr": "*fp32", "b_ptr": "*bf16", "y_ptr": "*fp32", "out_ptr": "*bf16",
          "slot_e_ptr": "*i32", "slot_cnt_ptr": "*i32", "slot_pairs_ptr": "*i32", "limit": "fp32", "alpha": "fp32",
          "ws_ptr": "*fp32", "ticket_ptr": "*i32"}
 
 
-def check(kernel, consts: dict, warps: int = 4, stages: int = 4, maxnreg: int = 0) -> dict:
+def k_loop(sass: str) -> tuple[int, int]:
+    """(instructions, HMMAs) of the innermost backward-branch loop that holds an HMMA (the K loop)."""
+    lines = [ln for ln in sass.splitlines() if re.match(r"\s+/\*[0-9a-f]{4}\*/", ln)]
+    addr = [int(re.match(r"\s+/\*([0-9a-f]{4})\*/", ln).group(1), 16) for ln in lines]
+    best = None
+    for i, ln in enumerate(lines):
+        m = re.search(r"BRA (0x[0-9a-f]+)", ln)
+        if m and int(m.group(1), 16) < addr[i]:
+            body = [x for x, a in zip(lines, addr) if int(m.group(1), 16) <= a <= addr[i]]
+            hmma = sum("HMMA" in x for x in body)
+            if hmma and (best is None or len(body) < best[0]):
+                best = (len(body), hmma)
+    return best or (0, 0)
+
+
+def check(kernel, consts: dict, warps: int = 4, stages: int = 4) -> dict:
     types = dict(TYPES, h_ptr="*fp16") if consts.get("H16") else TYPES
     sig = {n: ("constexpr" if n in consts else types.get(n, "i32")) for n in kernel.arg_names}
     attrs = {(i,): [["tt.divisibility", 16]] for i, n in enumerate(kernel.arg_names)
              if n not in consts and n not in NOT_DIV16}
-    opts = dict(num_warps=warps, num_stages=stages, **({"maxnreg": maxnreg} if maxnreg else {}))
-    k = triton.compile(ASTSource(kernel, sig, consts, attrs), target=GPUTarget("cuda", 90, 32), options=opts)
+    k = triton.compile(ASTSource(kernel, sig, consts, attrs), target=GPUTarget("cuda", 90, 32),
+                       options=dict(num_warps=warps, num_stages=stages))
     with tempfile.TemporaryDirectory() as d:
         cubin = os.path.join(d, "k.cubin")
         with open(cubin, "wb") as f:
@@ -50,10 +64,11 @@ def check(kernel, consts: dict, warps: int = 4, stages: int = 4, maxnreg: int = 
     smem = k.metadata.shared + 1024  # + the per-program reserve
     threads = 32 * warps
     per_sm = min(65536 // (threads * -(-regs // 8) * 8), 227 * 1024 // smem, 2048 // threads, 32)
-    return dict(kernel=f"{kernel.fn.__module__.rsplit('_', 1)[-1]}.{kernel.fn.__name__}", regs=regs,
-                local_ld_st=sass.count("LDL") + sass.count("STL"), smem=smem, programs_per_sm=per_sm,
-                async_copies=k.asm["ttgir"].count("async_copy_global_to_local"),
-                ldg128=sass.count("LDG.E.128"), ldgsts=sass.count("LDGSTS"))
+    loop, hmma = k_loop(sass)
+    kb_per_warp = consts["BN"] * 128 / warps / 1024   # weight KB per warp and K step
+    return dict(regs=regs, local_ld_st=sass.count("LDL") + sass.count("STL"), smem=smem, programs_per_sm=per_sm,
+                async_copies=k.asm["ttgir"].count("async_copy_global_to_local"), loop_instr=loop, hmma=hmma,
+                instr_per_kb=round(loop / kb_per_warp))
 
 
 def split_configs(labels=None):
@@ -77,14 +92,7 @@ def split_configs(labels=None):
 
 
 def main() -> int:
-    if "--split-only" not in sys.argv:
-        for kernel in (K.gate_up_kernel, K.down_kernel):
-            for plan, maxnreg in ((False, 0), (False, 128), (True, 0), (True, 96)):
-                consts = dict(TOPK=4, TB=64, KP=4, EB=64, BM=16, BN=32, BK_=128, KBP=32, PLAN=plan, DOT_F32=False)
-                if kernel is K.down_kernel:
-                    consts["FUSED"] = False
-                print(f"plan={plan} maxnreg={maxnreg}", check(kernel, consts, maxnreg=maxnreg), flush=True)
-    for label, kern, consts, warps, stages in split_configs():
+    for label, kern, consts, warps, stages in split_configs(sys.argv[1:] or None):
         print(label, check(kern, consts, warps, stages), flush=True)
     return 0
 

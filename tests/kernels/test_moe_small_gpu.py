@@ -1,5 +1,4 @@
-"""Decode-sized fused MoE (``triton_moe_small`` and the split-K ``triton_moe_small_split``) vs the
-torch reference ``moe_experts``.
+"""Decode-sized split-K fused MoE (``triton_moe_small_split``) vs the torch reference ``moe_experts``.
 
 Fresh random inputs per case; the allocator's free memory is NaN-poisoned before each call so an
 unwritten output element shows up. ``exact`` is the torch op on the dequantized (fp32) expert
@@ -62,8 +61,7 @@ def inputs(T: int, E_global: int, H: int, seed: int, repeated: bool = False):
     return x, w, ids
 
 
-def check(name, T, seed, tiles=None, repeated=False, offset=0, E_local=None, split=False):
-    from dayzero.kernels.triton_moe_small import moe_small
+def check(name, T, seed, tiles=None, repeated=False, offset=0, E_local=None):
     from dayzero.kernels.triton_moe_small_split import moe_split
 
     q, d = experts(name)
@@ -78,7 +76,7 @@ def check(name, T, seed, tiles=None, repeated=False, offset=0, E_local=None, spl
     ref_out = ref.moe_experts(x, w, ids, q, LIMIT)
     exact = ref.moe_experts(x, w, ids, d, LIMIT)
     poison()
-    out = (moe_split if split else moe_small)(x, w, ids, q, LIMIT, tiles)
+    out = moe_split(x, w, ids, q, LIMIT, tiles)
     assert out.shape == (T, H) and out.dtype == torch.bfloat16
     assert torch.isfinite(out).all(), "unwritten (NaN) or non-finite output elements"
     e_ref = rel(ref_out, exact)
@@ -86,90 +84,28 @@ def check(name, T, seed, tiles=None, repeated=False, offset=0, E_local=None, spl
     return out, exact, ids
 
 
-@pytest.mark.parametrize("T", [1, 2, 7, 16, 33, 64])
-@pytest.mark.parametrize("name", ["20b", "120b"])
-def test_small_vs_reference(name, T):
-    check(name, T, seed=T)
-
-
-VARIANTS = {"fused": dict(fused_combine=True), "unfused": dict(fused_combine=False), "plan": dict(plan=True)}
-
-
-@pytest.mark.parametrize("variant", list(VARIANTS))
-@pytest.mark.parametrize("T", [5, 64])
-def test_repeated_experts(T, variant):
-    # every token routes to experts 1..4: each of them gets all T rows (T > BM: the chunk loop)
-    from dayzero.kernels.triton_moe_small import SmallTiles
-
-    check("20b", T, seed=100 + T, tiles=SmallTiles(bm=16, **VARIANTS[variant]), repeated=True)
-
-
-@pytest.mark.parametrize("tiles", ["bm32", "bn64_16", "bn128", "fused", "warps2", "maxnreg128", "plan_maxnreg96"])
-def test_tile_variants(tiles):
-    from dayzero.kernels.triton_moe_small import SmallTiles
-
-    t = {"bm32": SmallTiles(bm=32), "bn64_16": SmallTiles(bn_gate_up=64, bn_down=16),
-         "bn128": SmallTiles(bn_gate_up=128, bn_down=128), "fused": SmallTiles(fused_combine=True),
-         "warps2": SmallTiles(warps=2), "maxnreg128": SmallTiles(maxnreg=128),
-         "plan_maxnreg96": SmallTiles(plan=True, maxnreg=96)}[tiles]
-    check("20b", 33, seed=7, tiles=t)
-
-
-@pytest.mark.parametrize("variant", list(VARIANTS))
-def test_expert_parallel_slice_and_unrouted_tokens(variant):
-    # this rank owns global experts [8, 16): tokens with no route there must come out exactly zero
-    from dayzero.kernels.triton_moe_small import SmallTiles
-
-    out, exact, ids = check("120b", 24, seed=11, tiles=SmallTiles(**VARIANTS[variant]), offset=8, E_local=8)
-    local = ((ids >= 8) & (ids < 16)).any(1)
-    assert (~local).any() and local.any()
-    assert (out[~local] == 0).all()
-
-
-@pytest.mark.parametrize("variant", list(VARIANTS))
-def test_deterministic_and_graph_replay_equals_eager(variant):
-    from dayzero.kernels.triton_moe_small import MoeSmall, SmallTiles, moe_small
-
-    if DEV != "cuda":
-        pytest.skip("CUDA graphs need a GPU")
-    q, _ = experts("20b")
-    E, H, _ = SHAPES["20b"]
-    x, w, ids = inputs(16, E, H, seed=1)
-    tiles = SmallTiles(**VARIANTS[variant])
-    run = MoeSmall(x, w, ids, q, LIMIT, tiles)
-    first = run().clone()
-    assert torch.equal(run(), first)                                        # bitwise repeatable
-    g = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(g):
-        out = run()
-    for seed in (2, 3):
-        x2, w2, ids2 = inputs(16, E, H, seed=seed)
-        run.x.copy_(x2)
-        run.weights.copy_(w2)
-        run.ids.copy_(ids2)
-        g.replay()
-        torch.cuda.synchronize()
-        assert torch.equal(out, moe_small(x2, w2, ids2, q, LIMIT, tiles))
-
-
-def test_registered_op_takes_split_path_and_small_rejects_bad_input():
-    from dayzero.kernels.registry import get_ops
-    from dayzero.kernels.triton_moe_small import moe_small
-    from dayzero.kernels.triton_moe_small_split import DECODE_MAX_PAIRS, moe_split
+@pytest.mark.parametrize("T", [1, 3, 16])
+def test_registered_op_dispatch(T):
+    # T = 1 and T = 16 (4 and 64 pairs) take the split-K path, T = 3 (12 pairs) the aligned one
+    from dayzero.kernels.triton_moe import moe_experts   # the op registered as triton's moe_experts
+    from dayzero.kernels.triton_moe_small_split import moe_split, takes_split
 
     q, _ = experts("20b")
     E, H, _ = SHAPES["20b"]
-    x, w, ids = inputs(3, E, H, seed=4)
-    if DEV == "cuda":  # the op's path for 12 pairs: split-K when DECODE_MAX_PAIRS allows, else the aligned one
+    x, w, ids = inputs(T, E, H, seed=4)
+    assert takes_split(T * K_TOP, E) == (T != 3)
+    if T == 3 and DEV != "cuda":
+        pytest.skip("the aligned path is checked on the GPU (tests/kernels/test_moe_gpu.py)")
+    want = moe_split(x, w, ids, q, LIMIT)
+    if T == 3:
         from dayzero.kernels.triton_moe import fused_moe
 
-        want = moe_split(x, w, ids, q, LIMIT) if 3 * K_TOP <= DECODE_MAX_PAIRS else fused_moe(x, w, ids, q, LIMIT)
-        assert torch.equal(get_ops("triton").moe_experts(x, w, ids, q, LIMIT), want)
-    with pytest.raises(ValueError, match="shapes disagree"):
-        moe_small(x[:, :-1], w, ids, q, LIMIT)
-    with pytest.raises(ValueError, match="fp8"):
-        moe_small(x, w, ids, ExpertWeights(q.gate_up, q.gate_up_bias, q.down, q.down_bias), LIMIT)
-    assert moe_small(x[:0], w[:0], ids[:0], q, LIMIT).shape == (0, H)
+        want = fused_moe(x, w, ids, q, LIMIT)
+    if DEV == "cuda":
+        from dayzero.kernels.registry import get_ops
+
+        assert get_ops("triton").moe_experts is moe_experts
+    assert torch.equal(moe_experts(x, w, ids, q, LIMIT), want)
 
 
 # ---- split-K path (triton_moe_small_split): every candidate configuration at every test T ----
@@ -191,7 +127,7 @@ SPLIT_TS = [1, 2, 7, 16, 33, 64] if DEV == "cuda" else [1, 5, 9]
 @pytest.mark.parametrize("T", SPLIT_TS)
 @pytest.mark.parametrize("name", ["20b", "120b"])
 def test_split_vs_reference(name, T, variant):
-    check(name, T, seed=T, tiles=_split_variants()[variant], split=True)
+    check(name, T, seed=T, tiles=_split_variants()[variant])
     assert _tickets_zero(experts(name)[0])  # every ticket reset by its last user
 
 
@@ -201,12 +137,12 @@ def test_split_repeated_experts(T, tiles):
     # every token routes to experts 1..4: each gets all T rows (T > 16: the chunk loop over the plan table)
     from dayzero.kernels.triton_moe_small_split import SplitTiles
 
-    check("20b", T, seed=200 + T, tiles=SplitTiles(**tiles), repeated=True, split=True)
+    check("20b", T, seed=200 + T, tiles=SplitTiles(**tiles), repeated=True)
 
 
 @pytest.mark.parametrize("T", [6, 24])   # 24 pairs: fused combine, leader slots; 96: plan + combine launch
 def test_split_expert_parallel_slice_and_unrouted_tokens(T):
-    out, exact, ids = check("120b", T, seed=11, offset=8, E_local=8, split=True)
+    out, exact, ids = check("120b", T, seed=11, offset=8, E_local=8)
     local = ((ids >= 8) & (ids < 16)).any(1)
     assert (~local).any() and local.any()
     assert (out[~local] == 0).all()

@@ -1,10 +1,11 @@
 """Split-K fused MoE for decode-sized batches: two to four launches ([plan], gate_up, down, [combine]).
 
 ``MoeSplit`` allocates the buffers of one call and launches the kernels of
-``triton_moe_small_split_kernels`` (read its docstring for the algorithm). Same contract as
-``triton_moe_small.MoeSmall``: bf16 activations, FP8 experts with 128x128 block scales, expert
-parallel through ``experts.derived["expert_offset"]``, static shapes for a given T and no host
-syncs (CUDA-graph capturable), bitwise repeatable (partials are summed in a fixed order).
+``triton_moe_small_split_kernels`` (read its docstring for the algorithm): bf16 activations, FP8
+experts with 128x128 block scales, expert parallel through ``experts.derived["expert_offset"]``,
+static shapes for a given T and no host syncs (CUDA-graph capturable), bitwise repeatable
+(partials are summed in a fixed order). At T * k <= ``fuse_max_pairs`` two launches: gate_up and
+down (which also combines); above, plan + gate_up + down + combine.
 """
 
 from __future__ import annotations
@@ -14,13 +15,17 @@ from dataclasses import dataclass
 import torch
 import triton
 
-from .triton_moe_small_split_kernels import combine_kernel, down_kernel, gate_up_kernel, plan_kernel
+from .triton_moe_small_route import plan_kernel
+from .triton_moe_small_split_kernels import combine_kernel, down_kernel, gate_up_kernel
 from .types import ExpertWeights
 
 SWIGLU_ALPHA = 1.702
-# T * k up to which the registered triton op (``triton_moe.moe_experts``) takes this path instead of
-# the aligned one. 0 (off) until a GPU run has timed and tested this path (bench/NOTES.md "MoE decode").
-DECODE_MAX_PAIRS = 0
+# Where the registered triton op (``triton_moe.moe_experts``) takes this path instead of the aligned
+# one, from GPU run 4 (bench/results/moe-small-run4-20261130.json, CUDA graphs, top-4): T * k <= 4
+# (T = 1: 64.0 vs 68.9 us at 20B, 64.3 vs 70.9 at 120B) and 64 <= T * k <= 256 (T = 16-64: 1-6 %
+# faster, except 120B T = 32: +0.6 %); at T = 2-8 the aligned path is as fast or faster.
+DECODE_MAX_PAIRS = 4
+DECODE_LARGE_PAIRS = (64, 256)
 BK = 128  # one weight scale block per K step
 
 
@@ -47,26 +52,28 @@ class SplitTiles:
 
 
 # Candidate launch configurations (the GPU tests check each; the bench times each at every T).
-# Run 3: all within ~10 % of each other at T = 1 (bn64 best): the K loop is bound by instructions per
-# weight byte. sm_90 compile after the changes for run 4, instructions per K step per warp and KB of
-# weights (bench/moe/compile_check_small.py): gate_up bn32 175, bn64 146, bn64 2 warps 133, bn128 123;
-# down (fp16) bn32 139, bn64 94, bn64 2 warps 67, bn128 86 (run 3: 209 for both at bn32).
+# Run 3: every variant within ~10 % of the others at T = 1: the K loop is bound by instructions per
+# weight byte. Run 4 (fp16 down, unmasked full K blocks; sm_90 compile, instructions per K step and KB
+# of weights per warp, `bench/moe/compile_check_small.py`): gate_up bn64 146, bn128 122; down bn64 94,
+# bn128 86 (run 3: 209 at bn32); bn64 fastest at T = 1 and with 32 experts, bn128 with 128 experts at
+# T >= 16, bn128's down fastest everywhere (120B T = 64: 264 vs 300 us). Dropped after run 4 (slower
+# at every T): bn32, 2-warp and 8-warp tiles, twice the K splits, bf16 h, unfused at T = 1.
 VARIANTS = {
-    "bn32": SplitTiles(),
     "bn64": SplitTiles(bn_gate_up=64, bn_down=64),
-    "bn64_w2": SplitTiles(bn_gate_up=64, bn_down=64, warps=2),
-    "bn64_x2": SplitTiles(bn_gate_up=64, bn_down=64, target_programs=3168),
     "bn128": SplitTiles(bn_gate_up=128, bn_down=128),
-    "bn128_w8": SplitTiles(bn_gate_up=128, bn_down=128, warps=8),
-    "bn64_bf16": SplitTiles(bn_gate_up=64, bn_down=64, h16=False),
-    "g128_d64w2": SplitTiles(bn_gate_up=128, bn_down=64, warps_down=2),
-    "g128w8_d64w2": SplitTiles(bn_gate_up=128, bn_down=64, warps=8, warps_down=2),
-    "bn64_w2_nofuse": SplitTiles(bn_gate_up=64, bn_down=64, warps=2, fuse_max_pairs=0),
+    "g64_d128": SplitTiles(bn_gate_up=64, bn_down=128),
 }
 
 
-def default_tiles(T: int) -> SplitTiles:
-    return VARIANTS["bn32"]
+def takes_split(pairs: int, E: int) -> bool:
+    """Whether a call with ``pairs`` = T * k (token, expert) pairs runs here (see DECODE_MAX_PAIRS)."""
+    return 0 < pairs <= DECODE_MAX_PAIRS or DECODE_LARGE_PAIRS[0] <= pairs <= DECODE_LARGE_PAIRS[1]
+
+
+def default_tiles(pairs: int, E: int) -> SplitTiles:
+    """Run 4: bn64 at T = 1 and with few experts (20B); from 64 pairs on with >= 64 local experts
+    (120B) bn128, whose down GEMM is the fastest there (120B T = 64: 923 vs 963 us)."""
+    return VARIANTS["bn128" if pairs >= DECODE_LARGE_PAIRS[0] and E >= 64 else "bn64"]
 
 
 def choose_split(requested: int, slots: int, n_tiles: int, K: int, tiles: SplitTiles) -> int:
@@ -105,7 +112,7 @@ class MoeSplit:
             raise ValueError("the split-K MoE path needs fp8 experts with gate_up_scale and down_scale")
         if x.dtype != torch.bfloat16:
             raise ValueError(f"the split-K MoE path takes bf16 activations, got {x.dtype}")
-        self.tiles = t = tiles or default_tiles(T)
+        self.tiles = t = tiles or default_tiles(T * ids.shape[1], E)
         for bn in (t.bn_gate_up, t.bn_down):
             if bn < 16 or 128 % bn:
                 raise ValueError(f"N tile {bn} must divide 128 and be >= 16")

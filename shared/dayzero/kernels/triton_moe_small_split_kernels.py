@@ -1,28 +1,23 @@
 """Triton kernels of the split-K decode MoE (``triton_moe_small_split`` launches them).
 
-Why: at 1-4 tokens the two-launch kernels (``triton_moe_small_kernels``) stream each touched
-expert with one program per (expert, N tile): 720 gate_up and 360 down programs at T = 1, each
-walking K = 2880 in 23 steps of 4 KB, which left the GPU at ~1.5 TB/s (bench/NOTES.md "MoE decode").
-Here K is also split over ``SPLIT`` programs (program = (slot, N tile, K split), the K splits of one
-tile on neighbouring program ids), and no program works out the whole routing:
-  * ``PLAN``: ``plan_kernel`` (one program per slot = s-th smallest touched local expert) writes
-    the slot's expert, token count and pair ids to small tables first (one more launch);
-  * else (small T * k): slot = pair p; its program exits unless p is the first pair routed to its
-    expert (the leader), and gathers that expert's pairs from the <= PB ids itself. No plan launch.
-Kernels:
+Program = (slot, N tile, K split); the K splits of one tile sit on neighbouring program ids. A slot
+is one touched local expert (``triton_moe_small_route``: from plan tables, or the leading pair of
+that expert at small T * k); its tokens (at most BM per chunk) are the M side of the dot.
   1. ``gate_up_kernel``: acc [BM, BN] over the program's K range. SPLIT = 1: epilogue right away
      (``+ b1``, bf16 rounding like the reference, clamped SwiGLU on interleaved gate/up columns) ->
-     h [P, I] bf16, or fp16 with ``H16`` (|h| <= 8 * limit fits; down then multiplies in fp16, whose
-     e4m3 -> f16 conversion is half the instructions of e4m3 -> bf16). SPLIT > 1: the fp32 partial goes to ws [SPLIT, P, 2I] (plain stores), then a
-     ticket per (slot, N tile); the program drawing the last ticket sums the SPLIT partials in
-     split order (deterministic whatever the arrival order), runs the epilogue, resets the ticket.
-  2. ``down_kernel``: y [SPLIT, P, H] fp32 = partial of (acc + b2) * routing weight (bias in split 0).
-     ``FUSE``: a ticket per N tile counts (touched slots x SPLIT) arrivals; the last program sums
-     y over each token's local routes, then splits (fixed order) and writes out [T, H] bf16
-     (tokens without a local route: zeros), so no combine launch. Else ``combine_kernel`` does it.
-Run 3 (bench/NOTES.md): the K loop is bound by instructions per weight byte (~209 per warp and
-128-wide step at BN = 32), so full K blocks load without masks, A rows are not masked (rows past
-an expert's token count read pair 0 and are dropped at the store) and scales come one step ahead.
+     h [P, I] in fp16 with ``H16`` (|h| <= 8 * limit fits) else bf16. SPLIT > 1: the fp32 partial goes
+     to ws [SPLIT, P, 2I] (plain stores), then a ticket per (slot, N tile); the program drawing the
+     last ticket sums the partials in split order (deterministic whatever the arrival order), runs
+     the epilogue and resets the ticket.
+  2. ``down_kernel``: y [SPLIT, P, H] fp32 = partial of (acc + b2) * routing weight (bias in split 0);
+     fp16 dot with ``H16`` (e4m3 -> f16 is one instruction per two weights; e4m3 -> bf16 needs one
+     more per weight and register moves). ``FUSE``: a ticket per N tile counts (touched slots x
+     SPLIT) arrivals; the last program sums y over each token's local routes, then splits (fixed
+     order) and writes out [T, H] (tokens without a local route: zeros): no combine launch.
+  3. else ``combine_kernel`` does that sum.
+The K loop is bound by instructions per weight byte (run 3: ~209 per warp and 128-wide step at
+BN = 32), so full K blocks load weights without masks and block scales are loaded one step ahead;
+A rows past an expert's token count stay masked (no bytes moved for them).
 Tickets live between calls (``experts.derived``): zero before the first call, reset by their last
 user. Weights FP8 [E, N, K] with 128x128 block scales [E, ceil(N/128), ceil(K/128)] (BN divides 128);
 activations bf16, widened weights, fp32 accumulation. No host syncs: CUDA-graph capturable.
@@ -34,20 +29,7 @@ import triton
 import triton.language as tl
 
 from .triton_gemv import _fence_gpu
-from .triton_moe_small_kernels import _expert_tokens, _slot_expert
-
-
-@triton.jit
-def plan_kernel(ids_ptr, slot_e_ptr, slot_cnt_ptr, slot_pairs_ptr, T, offset, E,
-                TOPK: tl.constexpr, TB: tl.constexpr, KP: tl.constexpr, EB: tl.constexpr):
-    """Program s: slot s's local expert (-1: unused), its token count and pair ids (token order)."""
-    s = tl.program_id(0)
-    e = _slot_expert(ids_ptr, s, T, offset, E, TOPK, TB * KP, EB)
-    tin, jsel, rank, cnt = _expert_tokens(ids_ptr, e, T, offset, TOPK, TB, KP)
-    t = tl.arange(0, TB)
-    tl.store(slot_pairs_ptr + s * TB + rank, t * TOPK + jsel, mask=(tin > 0) & (e >= 0))
-    tl.store(slot_e_ptr + s, e)
-    tl.store(slot_cnt_ptr + s, tl.where(e >= 0, cnt, 0))
+from .triton_moe_small_route import _chunk_end, _rows, _slot, _touched
 
 
 @triton.jit
@@ -63,81 +45,19 @@ def _program(pid, n_tiles, K, SPLIT: tl.constexpr, BK_: tl.constexpr):
 
 
 @triton.jit
-def _local_ids(ids_ptr, P, offset, PB: tl.constexpr):
-    """(pair index q [PB], local expert id of pair q (out of range for padding))."""
-    q = tl.arange(0, PB)
-    return q, tl.load(ids_ptr + q, mask=q < P, other=-1).to(tl.int32) - offset
-
-
-@triton.jit
-def _slot(ids_ptr, slot_e_ptr, slot_cnt_ptr, s, P, offset, E, PB: tl.constexpr, PLAN: tl.constexpr):
-    """(local expert of slot s or -1, its token count): from the plan tables, or slot = pair s,
-    valid when s is the first pair routed to that (local) expert."""
-    if PLAN:
-        return tl.load(slot_e_ptr + s), tl.load(slot_cnt_ptr + s)
-    else:
-        q, idq = _local_ids(ids_ptr, P, offset, PB)
-        e = tl.load(ids_ptr + s).to(tl.int32) - offset
-        match = (q < P) & (idq == e)
-        first = tl.min(tl.where(match, q, PB), 0)
-        return tl.where((first == s) & (e >= 0) & (e < E), e, -1), tl.sum(match.to(tl.int32), 0)
-
-
-@triton.jit
-def _rows(ids_ptr, slot_pairs_ptr, s, e, cnt, c, P, offset, TB: tl.constexpr, BM: tl.constexpr,
-          PB: tl.constexpr, PLAN: tl.constexpr):
-    """Rows c .. c+BM of slot s (expert e) -> (pair id [BM], row valid [BM]), token order."""
-    m = c + tl.arange(0, BM)
-    row_ok = m < cnt
-    if PLAN:
-        pair = tl.load(slot_pairs_ptr + s * TB + m, mask=row_ok, other=0)
-    else:
-        q, idq = _local_ids(ids_ptr, P, offset, PB)
-        match = (q < P) & (idq == e)
-        rank = tl.cumsum(match.to(tl.int32), 0) - 1
-        sel = match[None, :] & (rank[None, :] == m[:, None])            # [BM, PB]
-        pair = tl.sum(tl.where(sel, q[None, :], 0), 1)
-    return pair, row_ok
-
-
-@triton.jit
-def _chunk_end(cnt, ONE_CHUNK: tl.constexpr):
-    """End of the chunk loop: 1 when no expert can have more than BM tokens (T <= BM): a loop of
-    one trip that the compiler removes (a dynamic outer loop around the pipelined K loop costs
-    ~60 registers, sm_90 compile)."""
-    if ONE_CHUNK:
-        return 1
-    else:
-        return cnt
-
-
-@triton.jit
-def _touched(ids_ptr, slot_e_ptr, n_slots, P, offset, E, PB: tl.constexpr, PLAN: tl.constexpr):
-    """Number of distinct local experts the call routes to (= valid slots)."""
-    if PLAN:
-        i = tl.arange(0, PB)
-        return tl.sum((tl.load(slot_e_ptr + i, mask=i < n_slots, other=-1) >= 0).to(tl.int32), 0)
-    else:
-        q, idq = _local_ids(ids_ptr, P, offset, PB)
-        idr = tl.load(ids_ptr + q, mask=q < P, other=-1).to(tl.int32) - offset   # same ids, row side
-        earlier = (q[None, :] < q[:, None]) & (idq[None, :] == idr[:, None])      # [PB, PB]
-        lead = (q < P) & (idr >= 0) & (idr < E) & (tl.sum(earlier.to(tl.int32), 1) == 0)
-        return tl.sum(lead.to(tl.int32), 0)
-
-
-@triton.jit
-def _step(acc, a_ptrs, b_ptrs, k, sb, k_ok, n_ok, MASK_K: tl.constexpr, EVEN_N: tl.constexpr,
+def _step(acc, a_ptrs, row_ok, b_ptrs, k, sb, k_ok, n_ok, MASK_K: tl.constexpr, EVEN_N: tl.constexpr,
           A16: tl.constexpr, DOT_F32: tl.constexpr):
-    """acc + (A[:, k : k+BK] @ fp8 tile[k : k+BK, :]) * sb. A rows past the expert's token count
-    read a valid row (pair 0) and are dropped by the epilogue, so only K/N tails are masked."""
+    """acc + (A[:, k : k+BK] @ fp8 tile[k : k+BK, :]) * sb. A rows past the expert's token count are
+    masked (zero-filled copies move no bytes: run 4 loaded them unmasked, 16x the A bytes at T = 1);
+    weights are masked only at the K and N tails."""
     if MASK_K:
-        a = tl.load(a_ptrs + k, mask=k_ok[None, :], other=0.0)
+        a = tl.load(a_ptrs + k, mask=row_ok[:, None] & k_ok[None, :], other=0.0)
         if EVEN_N:
             b = tl.load(b_ptrs + k, mask=k_ok[:, None], other=0.0)
         else:
             b = tl.load(b_ptrs + k, mask=k_ok[:, None] & n_ok[None, :], other=0.0)
     else:
-        a = tl.load(a_ptrs + k)
+        a = tl.load(a_ptrs + k, mask=row_ok[:, None], other=0.0)
         if EVEN_N:
             b = tl.load(b_ptrs + k)
         else:
@@ -151,7 +71,7 @@ def _step(acc, a_ptrs, b_ptrs, k, sb, k_ok, n_ok, MASK_K: tl.constexpr, EVEN_N: 
 
 
 @triton.jit
-def _stream(a_ptrs, b_ptrs, s_ptr, n_ok, K, kb0, kb1, BM: tl.constexpr, BN: tl.constexpr, BK_: tl.constexpr,
+def _stream(a_ptrs, row_ok, b_ptrs, s_ptr, n_ok, K, kb0, kb1, BM: tl.constexpr, BN: tl.constexpr, BK_: tl.constexpr,
             EVEN_N: tl.constexpr, A16: tl.constexpr, DOT_F32: tl.constexpr):
     """acc [BM, BN] = A[:, kb0*BK_ : kb1*BK_] @ dequant(fp8 tile)^T over the same K range: full
     128-wide blocks without masks, then the partial last block of K where the range holds it."""
@@ -163,10 +83,10 @@ def _stream(a_ptrs, b_ptrs, s_ptr, n_ok, K, kb0, kb1, BM: tl.constexpr, BN: tl.c
     sb = tl.load(s_ptr + kb0, mask=kb0 < kb1, other=0.0)
     for kb in range(kb0, kfull):
         sn = tl.load(s_ptr + kb + 1, mask=kb + 1 < kb1, other=0.0)
-        acc = _step(acc, a_ptrs, b_ptrs, kb * BK_, sb, offs_k, n_ok, False, EVEN_N, A16, DOT_F32)
+        acc = _step(acc, a_ptrs, row_ok, b_ptrs, kb * BK_, sb, offs_k, n_ok, False, EVEN_N, A16, DOT_F32)
         sb = sn
     if kfull < kb1:
-        acc = _step(acc, a_ptrs, b_ptrs, kfull * BK_, sb, offs_k < K - kfull * BK_, n_ok, True, EVEN_N, A16,
+        acc = _step(acc, a_ptrs, row_ok, b_ptrs, kfull * BK_, sb, offs_k < K - kfull * BK_, n_ok, True, EVEN_N, A16,
                     DOT_F32)
     return acc
 
@@ -216,7 +136,7 @@ def gate_up_kernel(x_ptr, ids_ptr, w_ptr, s_ptr, b_ptr, h_ptr, ws_ptr, ticket_pt
     for c in range(0, _chunk_end(cnt, ONE_CHUNK), BM):
         pair, row_ok = _rows(ids_ptr, slot_pairs_ptr, s, e, cnt, c, P, offset, TB, BM, PB, PLAN)
         a_ptrs = x_ptr + (pair // TOPK).to(tl.int64)[:, None] * stride_x + offs_k[None, :]
-        acc = _stream(a_ptrs, b_ptrs, sc_ptr, n_ok, K, kb0, kb1, BM, BN, BK_, EVEN_N, False, DOT_F32)
+        acc = _stream(a_ptrs, row_ok, b_ptrs, sc_ptr, n_ok, K, kb0, kb1, BM, BN, BK_, EVEN_N, False, DOT_F32)
         if SPLIT == 1:
             _swiglu_store(acc, bias, h_ptr, pair, row_ok, pid_n, N, stride_h, limit, alpha, BM, BN)
         else:
@@ -278,7 +198,7 @@ def down_kernel(h_ptr, ids_ptr, wt_ptr, w_ptr, s_ptr, b_ptr, y_ptr, out_ptr, tic
     for c in range(0, _chunk_end(cnt, ONE_CHUNK), BM):
         pair, row_ok = _rows(ids_ptr, slot_pairs_ptr, s, e, cnt, c, P, offset, TB, BM, PB, PLAN)
         a_ptrs = h_ptr + pair.to(tl.int64)[:, None] * stride_h + offs_k[None, :]
-        acc = _stream(a_ptrs, b_ptrs, sc_ptr, n_ok, K, kb0, kb1, BM, BN, BK_, EVEN_N, H16, DOT_F32)
+        acc = _stream(a_ptrs, row_ok, b_ptrs, sc_ptr, n_ok, K, kb0, kb1, BM, BN, BK_, EVEN_N, H16, DOT_F32)
         wt = tl.load(wt_ptr + pair, mask=row_ok, other=0.0).to(tl.float32)
         y = (acc + bias[None, :]) * wt[:, None]
         tl.store(y_ptr + (ks * P + pair).to(tl.int64)[:, None] * N + offs_n[None, :], y,
