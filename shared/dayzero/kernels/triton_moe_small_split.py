@@ -21,11 +21,11 @@ from .types import ExpertWeights
 
 SWIGLU_ALPHA = 1.702
 # Where the registered triton op (``triton_moe.moe_experts``) takes this path instead of the aligned
-# one, from GPU run 4 (bench/results/moe-small-run4-20261130.json, CUDA graphs, top-4): T * k <= 4
-# (T = 1: 64.0 vs 68.9 us at 20B, 64.3 vs 70.9 at 120B) and 64 <= T * k <= 256 (T = 16-64: 1-6 %
-# faster, except 120B T = 32: +0.6 %); at T = 2-8 the aligned path is as fast or faster.
-DECODE_MAX_PAIRS = 4
-DECODE_LARGE_PAIRS = (64, 256)
+# one, from GPU run 5 (bench/results/moe-small-run5-20261130.json, CUDA graphs, top-4, default tiles):
+# every T * k <= 256 (T <= 64) except 8 < T * k <= 16 with < 64 local experts (20B T = 4: 122.5 vs
+# 119.5 us); e.g. 20B T = 1 59.3 vs 68.2 us, T = 64 266.6 vs 289.0; 120B T = 1 59.2 vs 71.2, T = 64
+# 848.2 vs 912.8 (bench/NOTES.md "MoE decode run 5").
+DECODE_MAX_PAIRS = 256
 BK = 128  # one weight scale block per K step
 
 
@@ -55,9 +55,9 @@ class SplitTiles:
 # Run 3: every variant within ~10 % of the others at T = 1: the K loop is bound by instructions per
 # weight byte. Run 4 (fp16 down, unmasked full K blocks; sm_90 compile, instructions per K step and KB
 # of weights per warp, `bench/moe/compile_check_small.py`): gate_up bn64 146, bn128 122; down bn64 94,
-# bn128 86 (run 3: 209 at bn32); bn64 fastest at T = 1 and with 32 experts, bn128 with 128 experts at
-# T >= 16, bn128's down fastest everywhere (120B T = 64: 264 vs 300 us). Dropped after run 4 (slower
-# at every T): bn32, 2-warp and 8-warp tiles, twice the K splits, bf16 h, unfused at T = 1.
+# bn128 86 (run 3: 209 at bn32). Dropped after run 4 (slower at every T): bn32, 2-warp and 8-warp
+# tiles, twice the K splits, bf16 h, unfused at T = 1. Run 5 (A rows masked again): bn64 fastest from
+# T = 2 on, g64_d128 at T = 1, bn128 nowhere.
 VARIANTS = {
     "bn64": SplitTiles(bn_gate_up=64, bn_down=64),
     "bn128": SplitTiles(bn_gate_up=128, bn_down=128),
@@ -66,14 +66,14 @@ VARIANTS = {
 
 
 def takes_split(pairs: int, E: int) -> bool:
-    """Whether a call with ``pairs`` = T * k (token, expert) pairs runs here (see DECODE_MAX_PAIRS)."""
-    return 0 < pairs <= DECODE_MAX_PAIRS or DECODE_LARGE_PAIRS[0] <= pairs <= DECODE_LARGE_PAIRS[1]
+    """Whether a call with ``pairs`` = T * k (token, expert) pairs and E local experts runs here."""
+    return 0 < pairs <= DECODE_MAX_PAIRS and not (E < 64 and 8 < pairs <= 16)
 
 
 def default_tiles(pairs: int, E: int) -> SplitTiles:
-    """Run 4: bn64 at T = 1 and with few experts (20B); from 64 pairs on with >= 64 local experts
-    (120B) bn128, whose down GEMM is the fastest there (120B T = 64: 923 vs 963 us)."""
-    return VARIANTS["bn128" if pairs >= DECODE_LARGE_PAIRS[0] and E >= 64 else "bn64"]
+    """Run 5: g64_d128 at T * k <= 4 (59.3 vs bn64 61.2 us at T = 1), bn64 above (bn128 and g64_d128
+    slower from T = 2 on)."""
+    return VARIANTS["g64_d128" if pairs <= 4 else "bn64"]
 
 
 def choose_split(requested: int, slots: int, n_tiles: int, K: int, tiles: SplitTiles) -> int:
