@@ -15,6 +15,7 @@ from dataclasses import dataclass
 import torch
 import triton
 
+from .triton_moe_gemm import interpreting
 from .triton_moe_small_route import plan_kernel
 from .triton_moe_small_split_kernels import combine_kernel, down_kernel, gate_up_kernel
 from .types import ExpertWeights
@@ -93,12 +94,6 @@ def _tickets(experts: ExpertWeights, n: int, dev: torch.device) -> torch.Tensor:
     if buf is None:
         buf = experts.derived[key] = torch.zeros((n,), dtype=torch.int32, device=dev)
     return buf
-
-
-def interpreting() -> bool:
-    import os
-
-    return os.environ.get("TRITON_INTERPRET", "0") == "1"
 
 
 class MoeSplit:
