@@ -30,23 +30,36 @@ SHAPES = {"20b": (32, 2880, 2880), "120b": (128, 2880, 2880)} if DEV == "cuda" e
     {"20b": (8, 208, 336), "120b": (24, 136, 200)}
 
 
+CHUNK = 16  # experts built per step (keeps the GPU peak near the kept tensors: the final run tests files in parallel)
+
+
+def _packed(shape, std, g) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Random [E, N, K] weights -> (fp8, block scales, the fp8 values dequantized to fp32)."""
+    E, N, K = shape
+    w8 = torch.empty(shape, dtype=torch.float8_e4m3fn, device=DEV)
+    sc = torch.empty((E, -(-N // 128), -(-K // 128)), dtype=torch.float32, device=DEV)
+    deq = torch.empty(shape, dtype=torch.float32, device=DEV)
+    for e in range(0, E, CHUNK):
+        w8[e:e + CHUNK], sc[e:e + CHUNK] = fp8.quantize_weight_block(
+            torch.randn((min(CHUNK, E - e), N, K), device=DEV, generator=g) * std)
+        deq[e:e + CHUNK] = fp8.dequantize_weight_block(w8[e:e + CHUNK], sc[e:e + CHUNK])
+    return w8, sc, deq
+
+
 @functools.lru_cache(maxsize=2)
 def experts(name: str) -> tuple[ExpertWeights, ExpertWeights]:
     """(fp8 experts, the same dequantized to fp32), gpt-oss-like magnitudes; built once per shape."""
     E, H, I = SHAPES[name]
     g = torch.Generator(device=DEV).manual_seed(E)
-    packed = []
-    for shape, std in (((E, 2 * I, H), 0.03), ((E, H, I), 0.02)):
-        w = torch.randn(shape, device=DEV, generator=g) * std
-        packed.append(fp8.quantize_weight_block(w))
-        del w
-    (gu, gus), (dn, dns) = packed
+    gu, gus, gud = _packed((E, 2 * I, H), 0.03, g)
+    dn, dns, dnd = _packed((E, H, I), 0.02, g)
     gub = (torch.randn(E, 2 * I, device=DEV, generator=g) * 0.5).bfloat16()
     dnb = (torch.randn(E, H, device=DEV, generator=g) * 0.5).bfloat16()
+    if DEV == "cuda":
+        torch.cuda.empty_cache()  # hand the chunks' temporaries back
     q = ExpertWeights(gate_up=gu, gate_up_bias=gub, down=dn, down_bias=dnb, gate_up_scale=gus, down_scale=dns,
                       derived={"expert_offset": 0})
-    d = ExpertWeights(gate_up=fp8.dequantize_weight_block(gu, gus), gate_up_bias=gub,
-                      down=fp8.dequantize_weight_block(dn, dns), down_bias=dnb, derived={"expert_offset": 0})
+    d = ExpertWeights(gate_up=gud, gate_up_bias=gub, down=dnd, down_bias=dnb, derived={"expert_offset": 0})
     return q, d
 
 
