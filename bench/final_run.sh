@@ -6,6 +6,7 @@
 # $OUT: <test file>.xml / .log, tests.txt, final.log, bench-all-{20b,120b}.json.
 #   FINAL_STEPS   steps (default: tests,b20,b120)
 #   FINAL_TESTS   test files (default: every tests/kernels/test_*_gpu.py)
+#   FINAL_XDIST   pytest-xdist workers per file, e.g. test_moe_small_gpu=2,test_attention_gpu=4
 #   FINAL_TEST_S  cap of the parallel test phase (default 200 s)
 #   DAYZERO_DEADLINE (epoch seconds) shortens every bench step so the call ends by then.
 set -u
@@ -23,8 +24,9 @@ run_tests() {
   local pids=() f n
   for f in ${FINAL_TESTS:-tests/kernels/test_*_gpu.py}; do
     n=$(basename "$f" .py)
+    local x; x=$(echo ",${FINAL_XDIST:-}," | grep -o ",$n=[0-9]*" | cut -d= -f2)
     timeout "${FINAL_TEST_S:-200}" python3 -m pytest -q -p no:cacheprovider --noconftest -o addopts="" \
-      --junitxml="$OUT/$n.xml" "$f" >"$OUT/$n.log" 2>&1 &
+      ${x:+-n $x} --junitxml="$OUT/$n.xml" "$f" >"$OUT/$n.log" 2>&1 &
     pids+=($!)
   done
   local bad=0 p
@@ -36,7 +38,7 @@ run_tests() {
   return $bad
 }
 
-export OUT FINAL_TESTS="${FINAL_TESTS:-}" FINAL_TEST_S="${FINAL_TEST_S:-200}"
+export OUT FINAL_XDIST="${FINAL_XDIST:-}" FINAL_TESTS="${FINAL_TESTS:-}" FINAL_TEST_S="${FINAL_TEST_S:-200}"
 export -f run_tests
 step tests $(( FINAL_TEST_S + 10 )) bash -c run_tests
 step b20 ${FINAL_B20_S:-150} python3 -m dayzero bench all --model 20b --tokens 8192 --repeat 3 --batch 1,64 --context 1024 \
