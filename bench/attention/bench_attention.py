@@ -64,7 +64,7 @@ WINDOW_CFGS = {
     # pointer kernel; one stays here so a later change to them is measured
     "win_r64w4_slide8_s2": _wcfg(64, 4, tma=False, s=2, slide=8),
 }
-DECODE_CFGS = {  # the default's PDL is on only when the KV is split; _nopdl / _pdl force it
+DECODE_CFGS = {  # the default has PDL off (triton_attention_decode's docstring); _nopdl / _pdl force it
     "n128w4s3": dict(BLOCK_N=128, num_warps=4, num_stages=3),
     "n128w4s3_nopdl": dict(BLOCK_N=128, num_warps=4, num_stages=3, PDL=False),
     "n128w4s3_pdl": dict(BLOCK_N=128, num_warps=4, num_stages=3, PDL=True),

