@@ -1,6 +1,7 @@
 """Graph vs eager decode on the GPU, per step: the largest |logit difference| / logit scale of the
 lockstep test (tests/kernels/test_cuda_graph_gpu.py) under switches, to tell which part moves the
-logits: default; MoE split-K decode path off; attention PDL off; both off.
+logits: default (attention PDL off); MoE split-K decode path off; attention PDL on where the KV is
+split (its old default); both.
 
     PYTHONPATH=shared:tests/kernels python3 bench/engine/graph_vs_eager_diag.py
 """
@@ -50,8 +51,8 @@ if __name__ == "__main__":
     split.DECODE_MAX_PAIRS = 0
     out.append(run("moe split-K off"))
     split.DECODE_MAX_PAIRS = 256
-    dec.default_decode_config = lambda *a, **k: dict(orig_cfg(*a, **k), PDL=False)
-    out.append(run("attention PDL off"))
+    dec.default_decode_config = lambda *a, **k: dict(orig_cfg(*a, **k), PDL=None)
+    out.append(run("attention PDL on when split"))
     split.DECODE_MAX_PAIRS = 0
-    out.append(run("both off"))
+    out.append(run("PDL on, split-K off"))
     print(json.dumps(out))
