@@ -11,14 +11,9 @@
 #   DAYZERO_DEADLINE (epoch seconds) shortens every bench step so the call ends by then.
 set -u
 cd "$(dirname "$0")/.."
-export PYTHONPATH="shared${PYTHONPATH:+:$PYTHONPATH}" PYTHONUNBUFFERED=1 NCCL_NVLS_ENABLE=0
-export DAYZERO_COMMIT="${DAYZERO_COMMIT:-$(cat .devmeta/commit 2>/dev/null || echo unknown)}"
-OUT="${OUT:-out}"
-mkdir -p "$OUT"
-log="$OUT/final.log"
-steps=",${FINAL_STEPS:-tests,b20,b120},"
-rc=0
 source bench/steps.sh
+bench_env final.log
+steps=",${FINAL_STEPS:-tests,b20,b120},"
 
 run_tests() {
   local pids=() f n

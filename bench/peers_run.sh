@@ -7,14 +7,10 @@
 # PEERS_FI_S / PEERS_HF_S: time caps of the two parts (default 230 / 280 s).
 set -u
 cd "$(dirname "$0")/.."
-export PYTHONPATH="shared${PYTHONPATH:+:$PYTHONPATH}" PYTHONUNBUFFERED=1 NCCL_NVLS_ENABLE=0
-export DAYZERO_COMMIT="${DAYZERO_COMMIT:-$(cat .devmeta/commit 2>/dev/null || echo unknown)}"
-OUT="${OUT:-out}"
-mkdir -p "$OUT"
-log="$OUT/peers.log"
+source bench/steps.sh
+bench_env peers.log
 fi_s=${PEERS_FI_S:-230}
 hf_s=${PEERS_HF_S:-280}
-rc=0
 if python3 -c "import flashinfer" 2>/dev/null; then
   timeout "$fi_s" python3 bench/attention/flashinfer_compare.py --out "$OUT" --budget-s $(( fi_s - 20 )) --no-128k \
     2>&1 | tee -a "$log" || rc=1

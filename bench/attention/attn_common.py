@@ -77,6 +77,24 @@ def graph_time_ms(fns: list, target_ms: float = 20.0, samples: int = 5) -> float
     return out[len(out) // 2]
 
 
+def decode_problem(B: int, L: int, pool_blocks: int, g: torch.Generator, window: int = 0,
+                   max_rotations: int = 128):
+    """A decode batch over a shared paged pool: B sequences of L cached keys each (``window``: only the
+    last ``window`` are read), R page tables over distinct pool pages to rotate through (at most
+    ``max_rotations``, ~512 MB of KV in all). -> (R, tables [R, B, nb] int32, q, k, v, cu, cl, out,
+    kv_bytes read per call)."""
+    nb = triton.cdiv(L, BS)
+    kv_bytes = B * min(L, window or L) * HKV * D * 2 * 2
+    R = int(max(1, min(max_rotations, pool_blocks // (B * nb), triton.cdiv(1 << 29, kv_bytes))))
+    tables = torch.randperm(pool_blocks, device="cuda", generator=g)[:R * B * nb].view(R, B, nb).to(torch.int32)
+    q = torch.randn(B, HQ, D, device="cuda", dtype=torch.bfloat16, generator=g)
+    k = torch.randn(B, HKV, D, device="cuda", dtype=torch.bfloat16, generator=g)
+    v = torch.randn(B, HKV, D, device="cuda", dtype=torch.bfloat16, generator=g)
+    cu = torch.arange(B + 1, device="cuda", dtype=torch.int32)
+    cl = torch.full((B,), L, device="cuda", dtype=torch.int32)
+    return R, tables, q, k, v, cu, cl, torch.empty_like(q), kv_bytes
+
+
 def copy_bandwidth() -> float:
     """Device-to-device copy, bytes read + written per second (the memory ceiling)."""
     x = torch.empty(1 << 30, dtype=torch.uint8, device="cuda").random_()

@@ -21,7 +21,7 @@ import triton
 
 sys.path.insert(0, str(pathlib.Path(__file__).resolve().parent))
 from attn_common import BS, D, HKV, HQ, bf16_gemm_tflops, copy_bandwidth, graph_time_ms, run_meta  # noqa: E402
-from attn_common import single_sequence, sink_reference_rows, time_ms  # noqa: E402
+from attn_common import decode_problem, single_sequence, sink_reference_rows, time_ms  # noqa: E402
 
 from bench_decode_small import bench_decode_small  # noqa: E402
 from bench_window_probe import bench_window_probe  # noqa: E402
@@ -209,16 +209,7 @@ def bench_decode(rows, ceil_bw, quick, sweep, only_batches=None):
     if only_batches:
         grid = [p for p in grid if p[0] in only_batches]
     for B, L, window in grid:
-        nb = triton.cdiv(L, BS)
-        kv_bytes = B * min(L, window or L) * HKV * D * 2 * 2
-        R = int(max(1, min(128, pool_blocks // (B * nb), triton.cdiv(1 << 29, kv_bytes))))
-        tables = torch.randperm(pool_blocks, device="cuda", generator=g)[:R * B * nb].view(R, B, nb).to(torch.int32)
-        q = torch.randn(B, HQ, D, device="cuda", dtype=torch.bfloat16, generator=g)
-        k = torch.randn(B, HKV, D, device="cuda", dtype=torch.bfloat16, generator=g)
-        v = torch.randn(B, HKV, D, device="cuda", dtype=torch.bfloat16, generator=g)
-        cu = torch.arange(B + 1, device="cuda", dtype=torch.int32)
-        cl = torch.full((B,), L, device="cuda", dtype=torch.int32)
-        out = torch.empty_like(q)
+        R, tables, q, k, v, cu, cl, out, kv_bytes = decode_problem(B, L, pool_blocks, g, window)
         heur = choose_num_splits(B, HKV, L, window, num_sms=torch.cuda.get_device_properties(0).multi_processor_count)
         splits = {heur}
         if B <= 16 and (sweep or (not quick and not window)):

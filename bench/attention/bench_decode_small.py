@@ -9,7 +9,7 @@ from __future__ import annotations
 import torch
 import triton
 
-from attn_common import BS, D, HKV, HQ, graph_time_ms
+from attn_common import BS, D, HKV, HQ, decode_problem, graph_time_ms
 
 from dayzero.kernels.triton_attention_decode import DecodePlan, choose_num_splits, launch_split
 from dayzero.kernels.triton_attention import attention
@@ -53,16 +53,7 @@ def bench_decode_small(rows, ceil_bw):
     v_pool = torch.randn(pool_blocks, BS, HKV, D, device="cuda", dtype=torch.bfloat16, generator=g)
     sinks = torch.randn(HQ, device="cuda", generator=g) * 2
     for B, L in PLAN:
-        nb = triton.cdiv(L, BS)
-        kv_bytes = B * L * HKV * D * 2 * 2
-        R = int(max(1, min(64, pool_blocks // (B * nb), triton.cdiv(1 << 29, kv_bytes))))
-        tables = torch.randperm(pool_blocks, device="cuda", generator=g)[:R * B * nb].view(R, B, nb).to(torch.int32)
-        q = torch.randn(B, HQ, D, device="cuda", dtype=torch.bfloat16, generator=g)
-        k = torch.randn(B, HKV, D, device="cuda", dtype=torch.bfloat16, generator=g)
-        v = torch.randn(B, HKV, D, device="cuda", dtype=torch.bfloat16, generator=g)
-        cu = torch.arange(B + 1, device="cuda", dtype=torch.int32)
-        cl = torch.full((B,), L, device="cuda", dtype=torch.int32)
-        out = torch.empty_like(q)
+        R, tables, q, k, v, cu, cl, out, kv_bytes = decode_problem(B, L, pool_blocks, g, max_rotations=64)
         heur = choose_num_splits(B, HKV, L, 0, num_sms=sms)
         line = []
         for name, cfg in CFGS.items():

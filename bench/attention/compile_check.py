@@ -10,17 +10,13 @@ divisibility hint here, so loads vectorise and pipeline as on the device.
 
 from __future__ import annotations
 
-import os
-import re
-import subprocess
+import pathlib
 import sys
-import tempfile
 
-import triton
-from triton.backends.compiler import GPUTarget
 from triton.compiler.compiler import ASTSource
 
-BIN = os.path.join(os.path.dirname(triton.__file__), "backends", "nvidia", "bin")
+sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[1]))
+from sm90 import build_sm90  # noqa: E402
 FLOATS = {"qk_scale", "scale"}
 NOT_DIV16 = {"window", "num_splits", "stride_ot", "total_tiles", "n_tiles", "cached_max"}
 
@@ -46,21 +42,12 @@ def check(kernel, consts: dict, num_warps: int, num_stages: int, maxnreg: int = 
             sig[n] = "i32"
     attrs = {(i,): [["tt.divisibility", 16]] for i, n in enumerate(kernel.arg_names)
              if n not in consts and n not in NOT_DIV16 and n not in FLOATS}
-    opts = dict(num_warps=num_warps, num_stages=num_stages, **({"maxnreg": maxnreg} if maxnreg else {}))
-    k = triton.compile(ASTSource(kernel, sig, consts, attrs), target=GPUTarget("cuda", 90, 32), options=opts)
-    with tempfile.TemporaryDirectory() as d:
-        cubin = os.path.join(d, "k.cubin")
-        with open(cubin, "wb") as f:
-            f.write(k.asm["cubin"])
-        res = subprocess.run([os.path.join(BIN, "cuobjdump"), "-res-usage", cubin], capture_output=True, text=True).stdout
-        sass = subprocess.run([os.path.join(BIN, "cuobjdump"), "-sass", cubin], capture_output=True, text=True).stdout
-    regs = int(re.search(r"REG:(\d+)", res).group(1))
-    smem = k.metadata.shared + 1024
-    threads = 32 * num_warps
-    per_sm = min(65536 // (threads * -(-regs // 8) * 8), 227 * 1024 // smem, 2048 // threads, 32)
+    b = build_sm90(ASTSource(kernel, sig, consts, attrs), num_warps, num_stages=num_stages,
+                   **({"maxnreg": maxnreg} if maxnreg else {}))
+    sass = b.sass
     return dict(kernel=kernel.fn.__name__, consts={k_: v for k_, v in consts.items() if k_.isupper()},
-                warps=num_warps, stages=num_stages, maxnreg=maxnreg, regs=regs,
-                local_ld_st=sass.count("LDL") + sass.count("STL"), smem=smem, programs_per_sm=per_sm,
+                warps=num_warps, stages=num_stages, maxnreg=maxnreg, regs=b.regs,
+                local_ld_st=b.spills, smem=b.smem, programs_per_sm=b.programs_per_sm,
                 ldgsts="LDGSTS" in sass, tma="UTMALDG" in sass, ldg128=sass.count("LDG.E.128"),
                 mma=sass.count("HMMA"), gmma=sass.count("HGMMA"))
 

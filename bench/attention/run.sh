@@ -4,10 +4,8 @@
 # Extra arguments go to bench_attention.py (e.g. --quick, --skip decode).
 set -u
 cd "$(dirname "$0")/../.."
-export PYTHONPATH="shared${PYTHONPATH:+:$PYTHONPATH}" PYTHONUNBUFFERED=1
-OUT="${OUT:-out}"
-mkdir -p "$OUT"
-log="$OUT/attention.log"
+source bench/steps.sh
+bench_env attention.log
 # tests compile dozens of kernel variants: spread them over 8 workers when pytest-xdist is there
 xdist=$(python3 -c "import xdist" 2>/dev/null && echo "-n 8")
 python3 -m pytest -q -p no:cacheprovider --noconftest -o addopts="" $xdist tests/kernels/test_attention_gpu.py 2>&1 | tee "$log"

@@ -10,14 +10,9 @@
 # .devmeta/commit (git-excluded; name .devmeta in the device call's `carry`) gives the commit.
 set -u
 cd "$(dirname "$0")/../.."
-export PYTHONPATH="shared${PYTHONPATH:+:$PYTHONPATH}" PYTHONUNBUFFERED=1 NCCL_NVLS_ENABLE=0
-export DAYZERO_COMMIT="${DAYZERO_COMMIT:-$(cat .devmeta/commit 2>/dev/null || echo unknown)}"
-OUT="${OUT:-out}"
-mkdir -p "$OUT"
-log="$OUT/engine.log"
-steps=",${ENGINE_STEPS:-tests,prefill20,decode20,prefill120,decode120},"
-rc=0
 source bench/steps.sh
+bench_env engine.log
+steps=",${ENGINE_STEPS:-tests,prefill20,decode20,prefill120,decode120},"
 step tests 150 python3 -m pytest -q -p no:cacheprovider --noconftest -o addopts="" --junitxml="$OUT/engine-tests.xml" \
   tests/kernels/test_norm_rope_gpu.py tests/kernels/test_cuda_graph_gpu.py tests/kernels/test_engine_triton_gpu.py
 step prefill20 60 python3 -m dayzero bench prefill --model 20b --tokens 8192 --repeat 5 --breakdown \

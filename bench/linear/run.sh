@@ -3,10 +3,8 @@
 # Writes $OUT/linear-gemv.json and $OUT/linear.log. Extra arguments go to bench_gemv.py.
 set -u
 cd "$(dirname "$0")/../.."
-export PYTHONPATH="shared${PYTHONPATH:+:$PYTHONPATH}" PYTHONUNBUFFERED=1
-OUT="${OUT:-out}"
-mkdir -p "$OUT"
-log="$OUT/linear.log"
+source bench/steps.sh
+bench_env linear.log
 python3 -m pytest -q -p no:cacheprovider --noconftest -o addopts="" tests/kernels/test_gemv_gpu.py 2>&1 | tail -30 | tee "$log"
 tests_rc=${PIPESTATUS[0]}
 bench_rc=0

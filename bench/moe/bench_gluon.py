@@ -18,9 +18,7 @@ import dataclasses
 import json
 import os
 import re
-import subprocess
 import sys
-import tempfile
 
 H = I = 2880
 K_TOP = 4
@@ -40,14 +38,13 @@ def _configs() -> dict:
 
 def compile_check(out: str | None) -> int:
     """sm_90 compile of both GEMMs per configuration, no GPU."""
-    import triton
-    from triton.backends.compiler import GPUTarget
+    sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+    from sm90 import build_sm90
     from triton.experimental.gluon import language as gl
     from triton.experimental.gluon._runtime import GluonASTSource
 
     from dayzero.kernels.gluon_moe_gemm import moe_gemm_ws_kernel as kern
 
-    bin_dir = os.path.join(os.path.dirname(triton.__file__), "backends", "nvidia", "bin")
     al = gl.NVMMASharedLayout.get_default_for([64, 128], gl.float8e4nv)
     bl = gl.NVMMASharedLayout.get_default_for([256, 128], gl.float8e4nv)
     sal = gl.NVMMASharedLayout.get_default_for([1, 64], gl.float32)
@@ -64,22 +61,15 @@ def compile_check(out: str | None) -> int:
                        cs_ptr="*fp32", sorted_ids_ptr="*i32", block_expert_ptr="*i32", weights_ptr="*bf16",
                        limit="fp32", alpha="fp32")
             consts = dict(EPI=epi, STAGES=cfg.stages, GROUP_M=cfg.group_m, CONSUMER_REGS=cfg.consumer_regs,
-                          PRODUCER_REGS=cfg.producer_regs, num_warps=4)
+                          PRODUCER_REGS=cfg.producer_regs, num_warps=4, DIAG=cfg.diag)
             sig.update({k: "constexpr" for k in consts})
-            k = triton.compile(GluonASTSource(kern, sig, consts), target=GPUTarget("cuda", 90, 32),
-                               options=dict(num_warps=4, maxnreg=cfg.maxnreg))
-            with tempfile.TemporaryDirectory() as tmp:
-                cubin = os.path.join(tmp, "k.cubin")
-                with open(cubin, "wb") as f:
-                    f.write(k.asm["cubin"])
-                sass, res = (subprocess.run([os.path.join(bin_dir, "cuobjdump"), flag, cubin], capture_output=True,
-                                            text=True).stdout for flag in ("-sass", "-res-usage"))
+            b = build_sm90(GluonASTSource(kern, sig, consts), 4, maxnreg=cfg.maxnreg)
             rows.append(dict(config=name, gemm="gate_up" if epi == 1 else "down", stages=cfg.stages,
-                             regs_kernel=int(re.search(r"REG:(\d+)", res).group(1)),
+                             regs_kernel=b.regs,
                              setmaxnreg=sorted(set(int(v) for v in re.findall(r"setmaxnreg\.\w+\.sync\.aligned\.u32\s+(\d+)",
-                                                                             k.asm["ptx"]))),
-                             smem_kb=round(k.metadata.shared / 1024, 1), spill_ldl_stl=sass.count("LDL") + sass.count("STL"),
-                             qgmma=sass.count("QGMMA")))
+                                                                             b.ptx))),
+                             smem_kb=round((b.smem - 1024) / 1024, 1), spill_ldl_stl=b.spills,
+                             qgmma=b.sass.count("QGMMA")))
             print(json.dumps(rows[-1]), flush=True)
     if out:
         os.makedirs(out, exist_ok=True)

@@ -12,19 +12,16 @@ the same divisibility hint here, so the loads vectorise and pipeline as they do 
 
 from __future__ import annotations
 
-import os
+import pathlib
 import re
-import subprocess
 import sys
-import tempfile
 
-import triton
-from triton.backends.compiler import GPUTarget
 from triton.compiler.compiler import ASTSource
 
 from dayzero.kernels import triton_moe_small_split_kernels as S
 
-BIN = os.path.join(os.path.dirname(triton.__file__), "backends", "nvidia", "bin")
+sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[1]))
+from sm90 import build_sm90  # noqa: E402
 NOT_DIV16 = {"T", "n_tiles", "stride_se", "stride_sn", "limit", "alpha", "offset", "P"}
 TYPES = {"x_ptr": "*bf16", "h_ptr": "*bf16", "ids_ptr": "*i64", "wt_ptr": "*bf16", "w_ptr": "*fp8e4nv",
          "s_ptr": "*fp32", "b_ptr": "*bf16", "y_ptr": "*fp32", "out_ptr": "*bf16",
@@ -52,22 +49,12 @@ def check(kernel, consts: dict, warps: int = 4, stages: int = 4) -> dict:
     sig = {n: ("constexpr" if n in consts else types.get(n, "i32")) for n in kernel.arg_names}
     attrs = {(i,): [["tt.divisibility", 16]] for i, n in enumerate(kernel.arg_names)
              if n not in consts and n not in NOT_DIV16}
-    k = triton.compile(ASTSource(kernel, sig, consts, attrs), target=GPUTarget("cuda", 90, 32),
-                       options=dict(num_warps=warps, num_stages=stages))
-    with tempfile.TemporaryDirectory() as d:
-        cubin = os.path.join(d, "k.cubin")
-        with open(cubin, "wb") as f:
-            f.write(k.asm["cubin"])
-        res = subprocess.run([os.path.join(BIN, "cuobjdump"), "-res-usage", cubin], capture_output=True, text=True).stdout
-        sass = subprocess.run([os.path.join(BIN, "cuobjdump"), "-sass", cubin], capture_output=True, text=True).stdout
-    regs = int(re.search(r"REG:(\d+)", res).group(1))
-    smem = k.metadata.shared + 1024  # + the per-program reserve
-    threads = 32 * warps
-    per_sm = min(65536 // (threads * -(-regs // 8) * 8), 227 * 1024 // smem, 2048 // threads, 32)
+    b = build_sm90(ASTSource(kernel, sig, consts, attrs), warps, num_stages=stages)
+    sass = b.sass
     loop, hmma = k_loop(sass)
     kb_per_warp = consts["BN"] * 128 / warps / 1024   # weight KB per warp and K step
-    return dict(regs=regs, local_ld_st=sass.count("LDL") + sass.count("STL"), smem=smem, programs_per_sm=per_sm,
-                async_copies=k.asm["ttgir"].count("async_copy_global_to_local"), loop_instr=loop, hmma=hmma,
+    return dict(regs=b.regs, local_ld_st=b.spills, smem=b.smem, programs_per_sm=b.programs_per_sm,
+                async_copies=b.ttgir.count("async_copy_global_to_local"), loop_instr=loop, hmma=hmma,
                 instr_per_kb=round(loop / kb_per_warp))
 
 

@@ -7,14 +7,9 @@
 # (runs 1-3 did not: their JSON says "HEAD"/"unknown"; bench/NOTES.md maps them to commits).
 set -u
 cd "$(dirname "$0")/../.."
-export PYTHONPATH="shared${PYTHONPATH:+:$PYTHONPATH}" PYTHONUNBUFFERED=1 NCCL_NVLS_ENABLE=0
-export DAYZERO_COMMIT="${DAYZERO_COMMIT:-$(cat .devmeta/commit 2>/dev/null || echo unknown)}"
-OUT="${OUT:-out}"
-mkdir -p "$OUT"
-log="$OUT/moe.log"
-steps=",${MOE_STEPS:-tests,kernels,prefill20,decode20,e2e,prefill120,decode120},"
-rc=0
 source bench/steps.sh
+bench_env moe.log
+steps=",${MOE_STEPS:-tests,kernels,prefill20,decode20,e2e,prefill120,decode120},"
 # MOE_TEST_ARGS: pytest selection for the tests step (default: both files, every test)
 step tests "${MOE_TEST_TIMEOUT:-130}" python3 -m pytest -q -p no:cacheprovider --noconftest -o addopts="" \
   ${MOE_TEST_ARGS:-tests/kernels/test_linear_gpu.py tests/kernels/test_moe_gpu.py}

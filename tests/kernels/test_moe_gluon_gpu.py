@@ -83,16 +83,12 @@ def test_gluon_moe_configs(stages, group_m):
 
 def test_gluon_moe_skewed_routing():
     """Ragged groups: expert 0 takes every token, a few experts the rest, most experts none."""
-    from test_moe_gpu import make_experts, route
+    from test_moe_gpu import make_experts, route, skewed_ids
 
     T, E, k, H = 1500, 32, 4, 2880
     q, d = make_experts(E, H, H, seed=31)
     x, w, _ = route(T, E, k, H, seed=32)
-    g = torch.Generator(device="cpu").manual_seed(33)
-    ids = torch.zeros(T, k, dtype=torch.int64)
-    ids[:, 1:] = torch.stack([torch.randperm(3, generator=g)[: k - 1] + 1 for _ in range(T)])
-    ids[T // 2:, 1] = 4 + torch.arange(T - T // 2) % 3
-    check(x, w, ids.to(DEV), q, d)
+    check(x, w, skewed_ids(T, k).to(DEV), q, d)
 
 
 def test_registered_op_takes_gluon_for_prefill(monkeypatch):

@@ -176,15 +176,22 @@ def test_moe_large_kernel_default_path(I, large):
     check(x, w, ids, q, d, small=False)
 
 
+
+def skewed_ids(T: int, k: int, seed: int = 33) -> torch.Tensor:
+    """[T, k] expert ids on the CPU: expert 0 takes every token, experts 1-3 the rest of the first half,
+    4-6 with ragged counts in the second half, every other expert none."""
+    g = torch.Generator(device="cpu").manual_seed(seed)
+    ids = torch.zeros(T, k, dtype=torch.int64)
+    ids[:, 1:] = torch.stack([torch.randperm(3, generator=g)[: k - 1] + 1 for _ in range(T)])
+    ids[T // 2:, 1] = 4 + torch.arange(T - T // 2) % 3
+    return ids
+
 @pytest.mark.parametrize("variant", ["default", "v1"])
 def test_moe_large_kernel_skewed_routing(variant):
     """Ragged groups: expert 0 takes every token, experts 1-6 the rest, 25 of 32 experts get none."""
     T, E, k, H = 1500, 32, 4, 2880
     q, d = make_experts(E, H, H, seed=31)
-    x, w, ids = route(T, E, k, H, seed=32)
-    g = torch.Generator(device="cpu").manual_seed(33)
-    ids = torch.zeros(T, k, dtype=torch.int64)
-    ids[:, 1:] = torch.stack([torch.randperm(3, generator=g)[: k - 1] + 1 for _ in range(T)])
-    ids[T // 2:, 1] = 4 + torch.arange(T - T // 2) % 3  # a few more experts with ragged counts
+    x, w, _ = route(T, E, k, H, seed=32)
+    ids = skewed_ids(T, k)
     tiles = None if variant == "default" else _large_variants()[variant]
     check(x, w, ids.to(DEV), q, d, small=False, tiles=tiles)
