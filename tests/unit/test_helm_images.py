@@ -48,7 +48,9 @@ def test_dockerfile_matches_the_chart(svc):
         assert base.startswith("nvidia/cuda:"), base
         env = " ".join(a for k, a in ins if k == "ENV")
         assert "NCCL_NVLS_ENABLE=0" in env and "TORCH_SYMM_MEM_DISABLE_MULTICAST=1" in env
-        assert any(k == "RUN" and '".[nixl]"' in a for k, a in ins)
+        assert any(k == "RUN" and '".[nixl,vocab]"' in a for k, a in ins)
+        # the Harmony vocabulary baked in (structured output compiles JSON Schemas against it)
+        assert any(k == "RUN" and a.strip() == "dayzero vocab" for k, a in ins)
     else:
         assert base.startswith("python:") and base.endswith("-slim"), base
         assert not any(k == "RUN" and "torch" in a for k, a in ins)

@@ -18,7 +18,7 @@ from dayzero_frontend.serving import FirstToken, collect, prime, stream_sse
 from dayzero_frontend.state import FrontendState
 from dayzero_frontend.streaming import ChatAccumulator, ChatChunks
 from dayzero_frontend.validation import (check_model, check_ranges, check_tools, forced_tool, logprob_settings,
-                                         max_new_tokens, sampling_params, stop_strings)
+                                         max_new_tokens, response_schema, sampling_params, stop_strings)
 
 
 log = logging.getLogger("dayzero.frontend")
@@ -40,7 +40,9 @@ async def chat_completions(state: FrontendState, request: Request, req: ChatComp
     want_logprobs, top_logprobs = logprob_settings(req)
     prompt = state.chat.render_chat(req, tools, dt.datetime.now(dt.timezone.utc).date())
     forced = forced_tool(req, tools)
-    prefix = state.chat.tool_call_header(forced) if forced else []
+    schema = response_schema(req, tools)
+    # a forced call starts with its header; structured output goes straight to the final channel
+    prefix = state.chat.tool_call_header(forced) if forced else state.chat.final_header() if schema else []
     prompt = prompt + prefix
     # 'required' among several tools: the output must start with one of their call headers
     choose = [state.chat.tool_call_header(t.name) for t in tools] if req.tool_choice == "required" and not forced \
@@ -54,7 +56,7 @@ async def chat_completions(state: FrontendState, request: Request, req: ChatComp
     runs = []
     for i in range(req.n):
         sampling = sampling_params(req, max_tokens, state.chat.chat_stop_ids, i, want_logprobs, top_logprobs,
-                                   choose)
+                                   choose, schema)
         stream = state.router.open(router_pb2.GenerateRequest(
             request_id=f"{request_id}-{i}", prompt_token_ids=prompt, sampling=sampling))
         runs.append(ChatChoiceRun(i, stream, state.chat.new_parser(names), StopMatcher(stops), prefix=prefix))

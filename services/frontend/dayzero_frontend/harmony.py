@@ -62,6 +62,15 @@ class HarmonyChat:
             raise RuntimeError(f"unexpected Harmony rendering of a tool call: {self.enc.decode(toks)!r}")
         return toks[len(role):toks.index(self.ids.message) + 1]
 
+    def final_header(self) -> list[int]:
+        """The tokens that continue a prompt ending in ``<|start|>assistant`` straight into the final
+        answer, up to and including ``<|message|>`` (structured output skips the analysis channel)."""
+        toks = self.enc.render(Message.from_role_and_content(Role.ASSISTANT, "x").with_channel("final"))
+        role = [self.ids.start, *self.enc.encode("assistant", disallowed_special=())]
+        if toks[:len(role)] != role or self.ids.message not in toks:
+            raise RuntimeError(f"unexpected Harmony rendering of a final message: {self.enc.decode(toks)!r}")
+        return toks[len(role):toks.index(self.ids.message) + 1]
+
     def render_chat(self, req: ChatCompletionRequest, tools: list[FunctionDef], today: dt.date) -> list[int]:
         messages = self.chat_messages(req, tools, today)
         try:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import re
 from dataclasses import dataclass
 
@@ -16,6 +17,7 @@ MAX_N = 16
 MAX_TOP_LOGPROBS = 20
 MAX_STOP_STRINGS = 4
 SEED_MASK = (1 << 64) - 1
+MAX_SCHEMA_CHARS = 65536
 
 
 @dataclass
@@ -67,10 +69,55 @@ def check_tools(req: ChatCompletionRequest) -> list[FunctionDef]:
             raise bad_request(f"tools[{i}].function.parameters must be a JSON Schema of type 'object'",
                               param=f"tools[{i}].function.parameters")
     check_tool_choice(req, names)
-    if req.response_format and req.response_format.get("type", "text") != "text":
-        raise bad_request("response_format other than 'text' is not supported yet (it needs constrained decoding)",
-                          param="response_format")
     return [] if req.tool_choice == "none" else [t.function for t in tools]
+
+
+def response_schema(req: ChatCompletionRequest, tools: list[FunctionDef]) -> str | None:
+    """JSON Schema text the answer must satisfy (``response_format`` json_object / json_schema), or None.
+    The schema is compiled here (llguidance, no vocabulary needed) so a bad one is a 400 at once."""
+    rf = req.response_format
+    if rf is None:
+        return None
+    if not isinstance(rf, dict) or not isinstance(rf.get("type", "text"), str):
+        raise bad_request("response_format must be an object with a 'type'", param="response_format")
+    kind = rf.get("type", "text")
+    if kind == "text":
+        return None
+    if kind == "json_object":
+        schema: object = {"type": "object"}
+    elif kind == "json_schema":
+        spec = rf.get("json_schema")
+        if not isinstance(spec, dict) or not isinstance(spec.get("name"), str) or not TOOL_NAME_RE.match(spec["name"]):
+            raise bad_request("response_format.json_schema must be an object with a 'name' of 1-64 characters of "
+                              "a-z, A-Z, 0-9, _ or -", param="response_format.json_schema")
+        schema = spec.get("schema", {})
+        if not isinstance(schema, dict):
+            raise bad_request("response_format.json_schema.schema must be a JSON Schema object",
+                              param="response_format.json_schema.schema")
+    else:
+        raise bad_request(f"response_format.type must be 'text', 'json_object' or 'json_schema', got {kind!r}",
+                          param="response_format.type")
+    if tools:
+        raise bad_request("response_format json together with tools the model may call is not supported; "
+                          "set tool_choice to 'none' or drop response_format", param="response_format")
+    text = json.dumps(schema)
+    if len(text) > MAX_SCHEMA_CHARS:
+        raise bad_request(f"response_format schema of {len(text)} characters (at most {MAX_SCHEMA_CHARS})",
+                          param="response_format")
+    try:
+        import llguidance
+    except ImportError:
+        raise APIError(501, "structured output (response_format json) needs the llguidance package",
+                       param="response_format") from None
+    try:
+        grammar = llguidance.LLMatcher.grammar_from_json_schema(text, defaults={"whitespace_flexible": False})
+        failed, errors = llguidance.LLMatcher.validate_grammar_with_warnings(grammar)
+    except (ValueError, TypeError, RuntimeError) as e:
+        failed, errors = True, [str(e)]
+    if failed:
+        raise bad_request(f"response_format schema is not supported: {'; '.join(errors)[:500]}",
+                          param="response_format")
+    return text
 
 
 def check_tool_choice(req: ChatCompletionRequest, names: set[str]) -> None:
@@ -161,7 +208,8 @@ def max_new_tokens(requested: int | None, prompt_len: int, limits: Limits, param
 
 def sampling_params(req: SamplingFields, max_tokens: int, stop_ids: list[int], index: int,
                     logprobs: bool, top_logprobs: int,
-                    allowed_prefixes: list[list[int]] | None = None) -> common_pb2.SamplingParams:
+                    allowed_prefixes: list[list[int]] | None = None,
+                    json_schema: str | None = None) -> common_pb2.SamplingParams:
     """Downstream sampling parameters of choice ``index`` (seeds are offset per choice)."""
     params = common_pb2.SamplingParams(
         temperature=1.0 if req.temperature is None else req.temperature,
@@ -177,6 +225,7 @@ def sampling_params(req: SamplingFields, max_tokens: int, stop_ids: list[int], i
         frequency_penalty=req.frequency_penalty or 0.0,
         logit_bias=logit_bias(req),
         allowed_prefixes=[common_pb2.TokenSequence(token_ids=seq) for seq in allowed_prefixes or []],
+        json_schema=json_schema or "",
     )
     if req.seed is not None:
         params.seed = (req.seed + index) & SEED_MASK

@@ -56,6 +56,7 @@ import torch
 from dayzero.kvcache import KVCacheManager, KVCacheSpec
 from dayzero.model.transformer import GptOssForEngine
 
+from .grammar import GrammarCompiler
 from .model_runner import ModelRunner, SeqChunk
 from .sampling import Sample, SampleRequest, Sampler, SamplingParams
 from .scheduler import Request, ScheduledBatch, Scheduler
@@ -122,6 +123,7 @@ class Engine:
         self._rng = random.SystemRandom()
         eos = self.cfg.eos_token_id
         self.eos_ids = frozenset(eos if isinstance(eos, tuple) else (eos,))
+        self.grammars = GrammarCompiler(self.cfg.vocab_size, self.eos_ids)   # tokenizer built on first use
 
     @classmethod
     def from_dir(cls, model_dir: str, dtype: str = "bfloat16", backend: str = "torch", device: str = "cpu",
@@ -193,7 +195,7 @@ class Engine:
             logits = self.runner.run([SeqChunk(request_id, req.prompt_ids[s:e], s, "last" if e == n else "none")])[0]
             if on_chunk is not None:
                 on_chunk(request_id, e)
-        return self.sampler(logits, [SampleRequest(req.params, req.seed, 0)])[0]
+        return self.sampler(logits, [self._sample_request(req)])[0]
 
     def add_prefilled(self, request_id: str, prompt_ids: list[int], first_token: int,
                       params: SamplingParams | None = None) -> str | None:
@@ -205,7 +207,7 @@ class Engine:
                              f"{self.leases[request_id]} allocated")
         if not 0 <= first_token < self.cfg.vocab_size:
             raise ValueError(f"{request_id!r}: first token {first_token} outside the vocabulary")
-        req.output_ids.append(first_token)
+        self._append(req, first_token)
         req.num_computed = len(req.prompt_ids)
         reason = self._stop_reason(req)
         del self.leases[request_id]
@@ -251,7 +253,19 @@ class Engine:
             raise ValueError(f"{request_id!r}: token id(s) {bad[:5]} outside the vocabulary [0, {self.cfg.vocab_size})")
         self._check_len(request_id, len(prompt))
         seed = params.seed if params.seed is not None else self._rng.getrandbits(63)
-        return Request(request_id, prompt, params, seed)
+        matcher = self.grammars.matcher(params.json_schema) if params.json_schema else None  # GrammarError
+        return Request(request_id, prompt, params, seed, matcher=matcher)
+
+    def _sample_request(self, req: Request) -> SampleRequest:
+        allowed = req.matcher.allowed(self.model.device) if req.matcher is not None else None
+        return SampleRequest(req.params, req.seed, len(req.output_ids), req.output_ids, allowed)
+
+    def _append(self, req: Request, token: int) -> None:
+        req.output_ids.append(token)
+        if req.matcher is not None and not req.matcher.advance(token):
+            # only a token outside the grammar's mask gets here (e.g. a first token sampled elsewhere)
+            raise ValueError(f"{req.request_id!r}: token {token} does not continue the requested JSON "
+                             f"({req.matcher.error})")
 
     def _check_len(self, request_id: str, n: int) -> None:
         if n >= self.max_model_len:
@@ -278,11 +292,10 @@ class Engine:
                 reqs.append(req)
         if not rows:
             return []
-        samples = self.sampler(torch.cat(rows), [SampleRequest(r.params, r.seed, len(r.output_ids), r.output_ids)
-                                                 for r in reqs])
+        samples = self.sampler(torch.cat(rows), [self._sample_request(r) for r in reqs])
         outputs = []
         for req, s in zip(reqs, samples):
-            req.output_ids.append(s.token_id)
+            self._append(req, s.token_id)
             reason = self._stop_reason(req)
             if reason is not None:
                 outputs.append(self._finish(req, reason, s))

@@ -7,6 +7,8 @@ Per row of logits (float32, raw model output):
   * ``allowed_prefixes`` (when given): while the tokens generated so far are a proper prefix of one
     of these sequences, only tokens that continue such a sequence can be picked (e.g. "call one of
     these tools": the output starts with one of the tools' call headers);
+  * ``json_schema`` (when given): only tokens that keep the output a prefix of JSON valid under the
+    schema, then an end token (the engine passes each step's mask, see ``dayzero.runtime.grammar``);
   * temperature 0 -> greedy (argmax; ties resolve to the lowest id);
   * otherwise logits / temperature, then in order: top-k (keep the k largest), top-p (keep the
     smallest prefix of the sorted distribution whose mass reaches p, renormalized after top-k),
@@ -30,6 +32,7 @@ _MIX = 0x9E3779B97F4A7C15  # golden-ratio constant: spreads (seed, step) over th
 _MASK63 = (1 << 63) - 1
 MAX_PREFIXES = 128
 MAX_PREFIX_LEN = 64
+MAX_SCHEMA_CHARS = 65536
 
 
 @dataclass
@@ -49,6 +52,7 @@ class SamplingParams:
     frequency_penalty: float = 0.0      # [-2, 2]
     logit_bias: tuple[tuple[int, float], ...] = ()  # (token id, bias in [-100, 100]) pairs
     allowed_prefixes: tuple[tuple[int, ...], ...] = ()  # the output must start with one of these
+    json_schema: str = ""               # non-empty: the output is JSON valid under this schema (text)
 
     def validate(self) -> None:
         def bad(msg: str) -> ValueError:
@@ -80,6 +84,8 @@ class SamplingParams:
                 not 0 < len(seq) <= MAX_PREFIX_LEN or any(not isinstance(t, int) or t < 0 for t in seq)
                 for seq in self.allowed_prefixes):
             raise bad(f"allowed_prefixes: at most {MAX_PREFIXES} sequences of 1 to {MAX_PREFIX_LEN} token ids")
+        if not isinstance(self.json_schema, str) or len(self.json_schema) > MAX_SCHEMA_CHARS:
+            raise bad(f"json_schema must be a JSON Schema text of at most {MAX_SCHEMA_CHARS} characters")
 
     def check_vocab(self, vocab_size: int) -> None:
         """ValueError if a token id the request names is outside the model's vocabulary."""
@@ -109,12 +115,13 @@ class SampleRequest:
     seed: int
     step: int
     output_ids: Sequence[int] = ()      # tokens generated so far (penalties, allowed prefixes)
+    allowed: torch.Tensor | None = None  # bool [V]: the only tokens this step may pick (structured output)
 
     @property
     def adjusts_logits(self) -> bool:
         """Whether this step changes the row's logits (an allowed prefix only while one can still apply)."""
         p = self.params
-        return (bool(p.logit_bias) or p.presence_penalty != 0 or p.frequency_penalty != 0
+        return (bool(p.logit_bias) or p.presence_penalty != 0 or p.frequency_penalty != 0 or self.allowed is not None
                 or len(self.output_ids) < max((len(seq) for seq in p.allowed_prefixes), default=0))
 
 
@@ -145,6 +152,8 @@ def adjust_logits(logits: torch.Tensor, reqs: list[SampleRequest]) -> torch.Tens
             row = torch.full_like(out[i], float("-inf"))
             row[keep] = out[i, keep]
             out[i] = row
+        if r.allowed is not None:
+            out[i].masked_fill_(~r.allowed.to(out.device), float("-inf"))
     return out
 
 

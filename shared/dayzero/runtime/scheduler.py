@@ -17,6 +17,7 @@ from __future__ import annotations
 
 from collections import deque
 from dataclasses import dataclass, field
+from typing import Any
 
 from dayzero.kvcache import KVCacheFullError, KVCacheManager
 
@@ -33,6 +34,7 @@ class Request:
     output_ids: list[int] = field(default_factory=list)
     num_computed: int = 0
     finish_reason: str | None = None
+    matcher: Any = None                 # structured output: a dayzero.runtime.grammar.Matcher
 
     @property
     def num_tokens(self) -> int:
