@@ -155,6 +155,30 @@ def test_required_tool_call_among_several(s, mode):
         assert len(prefixes) == 2 and header[2:] in prefixes
 
 
+MODE_TOOL = {"type": "function", "function": {"name": "set_mode", "parameters": {
+    "type": "object", "additionalProperties": False, "required": ["mode", "level"],
+    "properties": {"mode": {"enum": ["eco", "fast"]}, "level": {"type": "integer", "minimum": 0, "maximum": 5}}}}}
+
+
+@pytest.mark.parametrize("mode", MODES, ids=MODE_IDS)
+def test_forced_tool_call_arguments_follow_the_schema(s, mode):
+    """A forced call's arguments are held to its parameters schema and end with <|call|> (on the real
+    stack the random model's arguments parse and validate)."""
+    s.router.script(s.chunked('{"mode": "eco", "level": 3}<|call|>'))
+    out = ask_chat(s.frontend.base_url, mode, model=fh.MODEL_NAME, messages=USER, tools=[MODE_TOOL],
+                   tool_choice={"type": "function", "function": {"name": "set_mode"}}, max_tokens=MAX_TOKENS,
+                   temperature=1.0, seed=2)
+    (c,) = out.choices
+    ((_, name, args),) = c.tool_calls
+    data = json.loads(args)
+    assert name == "set_mode" and c.finish_reason == "tool_calls", c
+    assert set(data) == {"mode", "level"} and data["mode"] in ("eco", "fast") and data["level"] in range(6), data
+    if s.router.scripted:
+        (rec,) = s.router.requests()
+        assert json.loads(rec["sampling"]["json_schema"]) == MODE_TOOL["function"]["parameters"]
+        assert [int(t) for t in rec["sampling"]["json_end_ids"]] == s.ids("<|call|>")
+
+
 WEATHER_SCHEMA = {"type": "object", "additionalProperties": False, "required": ["city", "celsius", "sunny"],
                   "properties": {"city": {"enum": ["Paris", "Rome"]}, "sunny": {"type": "boolean"},
                                  "celsius": {"type": "integer", "minimum": -40, "maximum": 50}}}

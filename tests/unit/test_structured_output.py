@@ -94,3 +94,16 @@ def test_model_without_the_harmony_vocabulary(enc):
     with pytest.raises(GrammarError, match="Harmony vocabulary"):
         small.add_request("r", [1, 2], SamplingParams(json_schema='{"type": "object"}'))
     assert small.generate([[1, 2]], SamplingParams(max_tokens=2))  # plain requests still run
+
+
+def test_json_end_ids_choose_what_follows_the_json(engine, enc):
+    """Tool-call arguments end with <|call|> instead of the model's eos; an id that cannot end JSON
+    (not an eos or Harmony stop token) is refused."""
+    call = enc.encode("<|call|>", allowed_special="all")[0]
+    params = SamplingParams(max_tokens=64, temperature=1.0, seed=5, json_schema=json.dumps(SCHEMA),
+                            json_end_ids=(call,))
+    (out,) = engine.generate([[200006, 11, 12]], params)
+    assert out[-1] == call
+    _check(enc, out[:-1] + [RETURN])
+    with pytest.raises(ValueError, match="cannot end a JSON text"):
+        engine.add_request("bad-end", [1, 2], SamplingParams(json_schema='{"type": "object"}', json_end_ids=(5,)))

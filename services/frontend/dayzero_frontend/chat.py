@@ -18,7 +18,8 @@ from dayzero_frontend.serving import FirstToken, collect, prime, stream_sse
 from dayzero_frontend.state import FrontendState
 from dayzero_frontend.streaming import ChatAccumulator, ChatChunks
 from dayzero_frontend.validation import (check_model, check_ranges, check_tools, forced_tool, logprob_settings,
-                                         max_new_tokens, response_schema, sampling_params, stop_strings)
+                                         max_new_tokens, response_schema, sampling_params, stop_strings,
+                                         tool_args_schema)
 
 
 log = logging.getLogger("dayzero.frontend")
@@ -43,6 +44,9 @@ async def chat_completions(state: FrontendState, request: Request, req: ChatComp
     schema = response_schema(req, tools)
     # a forced call starts with its header; structured output goes straight to the final channel
     prefix = state.chat.tool_call_header(forced) if forced else state.chat.final_header() if schema else []
+    end_ids = [state.chat.ids.return_]
+    if forced:  # the arguments of a forced call are JSON under its parameters schema, then <|call|>
+        schema, end_ids = tool_args_schema(tools, forced), [state.chat.ids.call]
     prompt = prompt + prefix
     # 'required' among several tools: the output must start with one of their call headers
     choose = [state.chat.tool_call_header(t.name) for t in tools] if req.tool_choice == "required" and not forced \
@@ -56,7 +60,7 @@ async def chat_completions(state: FrontendState, request: Request, req: ChatComp
     runs = []
     for i in range(req.n):
         sampling = sampling_params(req, max_tokens, state.chat.chat_stop_ids, i, want_logprobs, top_logprobs,
-                                   choose, schema)
+                                   choose, schema, end_ids if schema else None)
         stream = state.router.open(router_pb2.GenerateRequest(
             request_id=f"{request_id}-{i}", prompt_token_ids=prompt, sampling=sampling))
         runs.append(ChatChoiceRun(i, stream, state.chat.new_parser(names), StopMatcher(stops), prefix=prefix))

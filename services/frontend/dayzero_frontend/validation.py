@@ -104,20 +104,36 @@ def response_schema(req: ChatCompletionRequest, tools: list[FunctionDef]) -> str
     if len(text) > MAX_SCHEMA_CHARS:
         raise bad_request(f"response_format schema of {len(text)} characters (at most {MAX_SCHEMA_CHARS})",
                           param="response_format")
+    error = schema_error(text)
+    if error:
+        raise bad_request(f"response_format schema is not supported: {error}", param="response_format")
+    return text
+
+
+def schema_error(text: str) -> str | None:
+    """Why llguidance cannot compile this JSON Schema text (None: it can); APIError 501 without llguidance."""
     try:
         import llguidance
     except ImportError:
-        raise APIError(501, "structured output (response_format json) needs the llguidance package",
-                       param="response_format") from None
+        raise APIError(501, "structured output needs the llguidance package", param="response_format") from None
     try:
         grammar = llguidance.LLMatcher.grammar_from_json_schema(text, defaults={"whitespace_flexible": False})
         failed, errors = llguidance.LLMatcher.validate_grammar_with_warnings(grammar)
     except (ValueError, TypeError, RuntimeError) as e:
         failed, errors = True, [str(e)]
-    if failed:
-        raise bad_request(f"response_format schema is not supported: {'; '.join(errors)[:500]}",
-                          param="response_format")
-    return text
+    return "; ".join(errors)[:500] if failed else None
+
+
+def tool_args_schema(tools: list[FunctionDef], name: str) -> str | None:
+    """The JSON Schema the arguments of a forced call of ``name`` are held to: its ``parameters`` (an
+    empty object when it has none); None (arguments unconstrained, as before) if llguidance cannot
+    compile them or is not installed."""
+    (fn,) = [t for t in tools if t.name == name]
+    text = json.dumps(fn.parameters if fn.parameters is not None else {"type": "object", "properties": {}})
+    try:
+        return None if len(text) > MAX_SCHEMA_CHARS or schema_error(text) else text
+    except APIError:
+        return None
 
 
 def check_tool_choice(req: ChatCompletionRequest, names: set[str]) -> None:
@@ -209,7 +225,7 @@ def max_new_tokens(requested: int | None, prompt_len: int, limits: Limits, param
 def sampling_params(req: SamplingFields, max_tokens: int, stop_ids: list[int], index: int,
                     logprobs: bool, top_logprobs: int,
                     allowed_prefixes: list[list[int]] | None = None,
-                    json_schema: str | None = None) -> common_pb2.SamplingParams:
+                    json_schema: str | None = None, json_end_ids: list[int] | None = None) -> common_pb2.SamplingParams:
     """Downstream sampling parameters of choice ``index`` (seeds are offset per choice)."""
     params = common_pb2.SamplingParams(
         temperature=1.0 if req.temperature is None else req.temperature,
@@ -226,6 +242,7 @@ def sampling_params(req: SamplingFields, max_tokens: int, stop_ids: list[int], i
         logit_bias=logit_bias(req),
         allowed_prefixes=[common_pb2.TokenSequence(token_ids=seq) for seq in allowed_prefixes or []],
         json_schema=json_schema or "",
+        json_end_ids=json_end_ids or [],
     )
     if req.seed is not None:
         params.seed = (req.seed + index) & SEED_MASK

@@ -253,7 +253,8 @@ class Engine:
             raise ValueError(f"{request_id!r}: token id(s) {bad[:5]} outside the vocabulary [0, {self.cfg.vocab_size})")
         self._check_len(request_id, len(prompt))
         seed = params.seed if params.seed is not None else self._rng.getrandbits(63)
-        matcher = self.grammars.matcher(params.json_schema) if params.json_schema else None  # GrammarError
+        matcher = (self.grammars.matcher(params.json_schema, params.json_end_ids or tuple(self.eos_ids))
+                   if params.json_schema else None)                                            # GrammarError
         return Request(request_id, prompt, params, seed, matcher=matcher)
 
     def _sample_request(self, req: Request) -> SampleRequest:
@@ -278,6 +279,8 @@ class Engine:
     def _stop_reason(self, req: Request) -> str | None:
         tok, p = req.output_ids[-1], req.params
         if tok in p.stop_token_ids or (not p.ignore_eos and tok in self.eos_ids):
+            return "stop"
+        if req.matcher is not None and req.matcher.ends(tok):   # the JSON and its end token are out
             return "stop"
         if len(req.output_ids) >= p.max_tokens or req.num_tokens >= self.max_model_len:
             return "length"

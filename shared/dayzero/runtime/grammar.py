@@ -4,8 +4,9 @@
 tokenizer over the model's vocabulary: the o200k_base byte-pair ranks (the verified vocabulary file
 that ``dayzero.vocab`` resolves) plus the Harmony special tokens (names and ids from openai-harmony).
 Each structured request gets its own ``Matcher``: ``allowed()`` is the boolean mask of the tokens
-that keep the output a prefix of a JSON text valid under the schema (once the text is complete,
-only the end tokens); ``advance(token)`` moves it on. A request that sampled a token outside the
+that keep the output a prefix of a JSON text valid under the schema (once the text may end, also
+the request's end tokens: ``<|return|>`` after an answer, ``<|call|>`` after tool-call arguments);
+``advance(token)`` moves it on. A request that sampled a token outside the
 mask (it cannot happen through the sampler) is reported by ``advance`` returning False.
 
 JSON is compiled without flexible whitespace (``", "`` and ``": "`` separators), so a schema whose
@@ -46,8 +47,9 @@ def _llguidance():
     return llguidance
 
 
-def harmony_tokenizer_parts() -> tuple[dict[bytes, int], dict[str, int]]:
-    """(byte-pair ranks of o200k_base, Harmony special token name -> id) from the resolved vocabulary."""
+def harmony_tokenizer_parts() -> tuple[dict[bytes, int], dict[str, int], list[int]]:
+    """(byte-pair ranks of o200k_base, Harmony special token name -> id, Harmony's stop token ids) from
+    the resolved vocabulary."""
     from dayzero.vocab import VOCAB_FILE, VocabError, load_harmony_encoding
 
     try:
@@ -61,7 +63,7 @@ def harmony_tokenizer_parts() -> tuple[dict[bytes, int], dict[str, int]]:
                 tok, rank = line.split()
                 ranks[base64.b64decode(tok)] = int(rank)
     specials = {name: enc.encode(name, allowed_special="all")[0] for name in enc.special_tokens_set}
-    return ranks, specials
+    return ranks, specials, sorted(enc.stop_tokens())
 
 
 @dataclass
@@ -70,6 +72,8 @@ class Matcher:
 
     inner: object                       # llguidance.LLMatcher
     vocab_size: int
+    end_ids: tuple[int, ...] = ()       # what may follow the JSON (only once it is complete)
+    barred: tuple[int, ...] = ()        # end tokens of the tokenizer this request may not end with
     _words: np.ndarray = field(init=False)
 
     def __post_init__(self) -> None:
@@ -80,11 +84,16 @@ class Matcher:
         import llguidance.numpy as lln
 
         lln.fill_next_token_bitmask(self.inner, self._words[None, :])
-        bits = np.unpackbits(self._words.view(np.uint8), bitorder="little")[:self.vocab_size]
-        return torch.from_numpy(bits.astype(np.bool_)).to(device)
+        bits = np.unpackbits(self._words.view(np.uint8), bitorder="little")[:self.vocab_size].astype(np.bool_)
+        bits[list(self.barred)] = False
+        return torch.from_numpy(bits).to(device)
 
     def advance(self, token_id: int) -> bool:
         return bool(self.inner.consume_token(token_id))
+
+    def ends(self, token_id: int) -> bool:
+        """Whether ``token_id`` (just taken) is one of this request's end tokens: the JSON is complete."""
+        return token_id in self.end_ids
 
     @property
     def error(self) -> str | None:
@@ -94,17 +103,19 @@ class Matcher:
 class GrammarCompiler:
     """Per engine: the llguidance tokenizer over the model's vocabulary (built on first use)."""
 
-    def __init__(self, vocab_size: int, end_ids: frozenset[int]) -> None:
+    def __init__(self, vocab_size: int, eos_ids: frozenset[int]) -> None:
         self.vocab_size = vocab_size
-        self.end_ids = sorted(end_ids)
+        self.eos_ids = set(eos_ids)
+        self.end_ids: list[int] = []     # what may end a JSON text: the model's eos + Harmony's stop tokens
         self._tokenizer = None
 
     def tokenizer(self):
         if self._tokenizer is None:
             llg = _llguidance()
-            ranks, specials = harmony_tokenizer_parts()
+            ranks, specials, stops = harmony_tokenizer_parts()
             # reserved special ids past the model's vocabulary can never be sampled: left out
             specials = {name: i for name, i in specials.items() if i < self.vocab_size}
+            self.end_ids = sorted(self.eos_ids | set(stops))
             top = max(ranks.values()) + 1
             if top > self.vocab_size or any(i not in specials.values() for i in self.end_ids):
                 raise GrammarError(f"structured output needs the Harmony vocabulary (its {top} byte-pair tokens "
@@ -114,8 +125,9 @@ class GrammarCompiler:
                 n_vocab=self.vocab_size)
         return self._tokenizer
 
-    def matcher(self, json_schema: str) -> Matcher:
-        """A fresh matcher for ``json_schema`` (JSON Schema as text); GrammarError if it is not usable."""
+    def matcher(self, json_schema: str, end_ids: tuple[int, ...]) -> Matcher:
+        """A fresh matcher for ``json_schema`` (JSON Schema as text) whose text may be followed only by one
+        of ``end_ids``; GrammarError if it is not usable."""
         if len(json_schema) > MAX_SCHEMA_CHARS:
             raise GrammarError(f"json_schema of {len(json_schema)} characters (at most {MAX_SCHEMA_CHARS})")
         llg = _llguidance()
@@ -128,4 +140,8 @@ class GrammarCompiler:
         inner = llg.LLMatcher(tok, grammar)
         if inner.is_error():
             raise GrammarError(f"json_schema could not be compiled: {inner.get_error()}")
-        return Matcher(inner, self.vocab_size)
+        if not set(end_ids) <= set(self.end_ids):
+            raise GrammarError(f"json_end_ids {sorted(set(end_ids) - set(self.end_ids))} cannot end a JSON text "
+                               f"here (allowed: {self.end_ids})")
+        ends = tuple(sorted(set(end_ids)))
+        return Matcher(inner, self.vocab_size, ends, tuple(sorted(set(self.end_ids) - set(ends))))

@@ -53,6 +53,7 @@ class SamplingParams:
     logit_bias: tuple[tuple[int, float], ...] = ()  # (token id, bias in [-100, 100]) pairs
     allowed_prefixes: tuple[tuple[int, ...], ...] = ()  # the output must start with one of these
     json_schema: str = ""               # non-empty: the output is JSON valid under this schema (text)
+    json_end_ids: tuple[int, ...] = ()  # with json_schema: what may follow the JSON (empty: the model's eos)
 
     def validate(self) -> None:
         def bad(msg: str) -> ValueError:
@@ -86,12 +87,15 @@ class SamplingParams:
             raise bad(f"allowed_prefixes: at most {MAX_PREFIXES} sequences of 1 to {MAX_PREFIX_LEN} token ids")
         if not isinstance(self.json_schema, str) or len(self.json_schema) > MAX_SCHEMA_CHARS:
             raise bad(f"json_schema must be a JSON Schema text of at most {MAX_SCHEMA_CHARS} characters")
+        if len(self.json_end_ids) > 16 or any(not isinstance(t, int) or t < 0 for t in self.json_end_ids):
+            raise bad(f"json_end_ids: at most 16 token ids >= 0, got {self.json_end_ids!r}")
 
     def check_vocab(self, vocab_size: int) -> None:
         """ValueError if a token id the request names is outside the model's vocabulary."""
-        for t in [t for t, _ in self.logit_bias] + [t for seq in self.allowed_prefixes for t in seq]:
+        for t in [t for t, _ in self.logit_bias] + [t for seq in self.allowed_prefixes for t in seq] + list(
+                self.json_end_ids):
             if t >= vocab_size:
-                raise ValueError(f"invalid sampling parameters: token id {t} (logit_bias or allowed_prefixes) "
+                raise ValueError(f"invalid sampling parameters: token id {t} (logit_bias, allowed_prefixes or json_end_ids) "
                                  f"is outside the vocabulary ({vocab_size} tokens)")
 
     def allowed_next(self, output_ids: Sequence[int]) -> set[int]:
