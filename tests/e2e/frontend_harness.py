@@ -207,3 +207,29 @@ def harmony_encoding(vocab: Path):
 def harmony_ids(enc, text: str) -> list[int]:
     """Token ids of Harmony-formatted text (special tokens as written)."""
     return enc.encode(text, allowed_special="all")
+
+
+@dataclass
+class ClientStack:
+    """The frontend process in front of a router under test (scripted double or the real stack)."""
+
+    router: RouterUnderTest
+    frontend: Frontend
+    enc: object
+
+    def ids(self, text: str) -> list[int]:
+        return harmony_ids(self.enc, text)
+
+    def chunked(self, text: str, size: int = 3) -> dict:
+        ids = self.ids(text)
+        return {"chunks": [ids[i:i + size] for i in range(0, len(ids), size)]}
+
+
+@contextmanager
+def client_stack(kind: str, tmp_path_factory, make_ckpt) -> Iterator[ClientStack]:
+    """``kind`` "scripted" (the router test double) or "stack" (router + workers on the tiny model)."""
+    tmp = tmp_path_factory.mktemp("frontend-client")
+    vocab = vocab_dir(tmp_path_factory.getbasetemp())
+    router = router_under_test(kind, make_ckpt("tiny") if kind == "stack" else None, tmp)
+    with frontend_for(router, tmp, vocab) as frontend:
+        yield ClientStack(router, frontend, harmony_encoding(vocab))
