@@ -28,18 +28,6 @@ MAX_TOKENS = 48
 Stack = fh.ClientStack
 
 
-@pytest.fixture(scope="module", params=["scripted", "stack"])
-def stack(request, tmp_path_factory):
-    with fh.client_stack(request.param, tmp_path_factory, request.getfixturevalue("make_ckpt")) as st:
-        yield st
-
-
-@pytest.fixture
-def s(stack):
-    stack.router.reset()
-    return stack
-
-
 def scripted_only(s: Stack) -> None:
     if not s.router.scripted:
         pytest.skip("needs the scripted router double")

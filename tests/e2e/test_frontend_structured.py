@@ -21,18 +21,6 @@ USER = [{"role": "user", "content": "What is the weather in Paris?"}]
 MAX_TOKENS = 48
 
 
-@pytest.fixture(scope="module", params=["scripted", "stack"])
-def stack(request, tmp_path_factory):
-    with fh.client_stack(request.param, tmp_path_factory, request.getfixturevalue("make_ckpt")) as st:
-        yield st
-
-
-@pytest.fixture
-def s(stack):
-    stack.router.reset()
-    return stack
-
-
 MODE_TOOL = {"type": "function", "function": {"name": "set_mode", "parameters": {
     "type": "object", "additionalProperties": False, "required": ["mode", "level"],
     "properties": {"mode": {"enum": ["eco", "fast"]}, "level": {"type": "integer", "minimum": 0, "maximum": 5}}}}}
