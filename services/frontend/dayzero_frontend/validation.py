@@ -6,6 +6,7 @@ import json
 import re
 from dataclasses import dataclass
 
+from dayzero.json_grammar import GrammarError, GrammarUnavailable, json_grammar
 from dayzero.rpc.v1 import common_pb2
 
 from dayzero_frontend.errors import APIError, bad_request
@@ -17,7 +18,6 @@ MAX_N = 16
 MAX_TOP_LOGPROBS = 20
 MAX_STOP_STRINGS = 4
 SEED_MASK = (1 << 64) - 1
-MAX_SCHEMA_CHARS = 65536
 
 
 @dataclass
@@ -101,27 +101,13 @@ def response_schema(req: ChatCompletionRequest, tools: list[FunctionDef]) -> str
         raise bad_request("response_format json together with tools the model may call is not supported; "
                           "set tool_choice to 'none' or drop response_format", param="response_format")
     text = json.dumps(schema)
-    if len(text) > MAX_SCHEMA_CHARS:
-        raise bad_request(f"response_format schema of {len(text)} characters (at most {MAX_SCHEMA_CHARS})",
-                          param="response_format")
-    error = schema_error(text)
-    if error:
-        raise bad_request(f"response_format schema is not supported: {error}", param="response_format")
+    try:
+        json_grammar(text)
+    except GrammarUnavailable as e:
+        raise APIError(501, str(e), param="response_format") from None
+    except GrammarError as e:
+        raise bad_request(f"response_format schema is not supported: {e}", param="response_format") from None
     return text
-
-
-def schema_error(text: str) -> str | None:
-    """Why llguidance cannot compile this JSON Schema text (None: it can); APIError 501 without llguidance."""
-    try:
-        import llguidance
-    except ImportError:
-        raise APIError(501, "structured output needs the llguidance package", param="response_format") from None
-    try:
-        grammar = llguidance.LLMatcher.grammar_from_json_schema(text, defaults={"whitespace_flexible": False})
-        failed, errors = llguidance.LLMatcher.validate_grammar_with_warnings(grammar)
-    except (ValueError, TypeError, RuntimeError) as e:
-        failed, errors = True, [str(e)]
-    return "; ".join(errors)[:500] if failed else None
 
 
 def tool_args_schema(tools: list[FunctionDef], name: str) -> str | None:
@@ -131,9 +117,10 @@ def tool_args_schema(tools: list[FunctionDef], name: str) -> str | None:
     (fn,) = [t for t in tools if t.name == name]
     text = json.dumps(fn.parameters if fn.parameters is not None else {"type": "object", "properties": {}})
     try:
-        return None if len(text) > MAX_SCHEMA_CHARS or schema_error(text) else text
-    except APIError:
+        json_grammar(text)
+    except GrammarError:  # GrammarUnavailable included
         return None
+    return text
 
 
 def check_tool_choice(req: ChatCompletionRequest, names: set[str]) -> None:

@@ -3,14 +3,12 @@
 ``GrammarCompiler`` builds, once per engine and only when a request first asks for it, llguidance's
 tokenizer over the model's vocabulary: the o200k_base byte-pair ranks (the verified vocabulary file
 that ``dayzero.vocab`` resolves) plus the Harmony special tokens (names and ids from openai-harmony).
-Each structured request gets its own ``Matcher``: ``allowed()`` is the boolean mask of the tokens
+The schema becomes a grammar as ``dayzero.json_grammar`` defines (the frontend checks it the same
+way). Each structured request gets its own ``Matcher``: ``allowed()`` is the boolean mask of the tokens
 that keep the output a prefix of a JSON text valid under the schema (once the text may end, also
 the request's end tokens: ``<|return|>`` after an answer, ``<|call|>`` after tool-call arguments);
 ``advance(token)`` moves it on. A request that sampled a token outside the
 mask (it cannot happen through the sampler) is reported by ``advance`` returning False.
-
-JSON is compiled without flexible whitespace (``", "`` and ``": "`` separators), so a schema whose
-values are bounded also bounds the length of the text.
 """
 
 from __future__ import annotations
@@ -21,7 +19,9 @@ from dataclasses import dataclass, field
 import numpy as np
 import torch
 
-from .sampling import MAX_SCHEMA_CHARS
+from dayzero.json_grammar import GrammarError, json_grammar, llguidance_module
+
+__all__ = ["GrammarCompiler", "GrammarError", "Matcher"]
 # o200k_base's pre-tokenisation pattern (the published tiktoken definition); llguidance uses it only
 # to tokenise text it forces, never to compute masks
 O200K_PATTERN = "|".join([
@@ -33,18 +33,6 @@ O200K_PATTERN = "|".join([
     r"""\s+(?!\S)""",
     r"""\s+""",
 ])
-
-
-class GrammarError(ValueError):
-    """A schema that cannot be compiled, or structured output unavailable here (a bad request)."""
-
-
-def _llguidance():
-    try:
-        import llguidance
-    except ImportError:
-        raise GrammarError("structured output needs the llguidance package on the worker") from None
-    return llguidance
 
 
 def harmony_tokenizer_parts() -> tuple[dict[bytes, int], dict[str, int], list[int]]:
@@ -111,7 +99,7 @@ class GrammarCompiler:
 
     def tokenizer(self):
         if self._tokenizer is None:
-            llg = _llguidance()
+            llg = llguidance_module()
             ranks, specials, stops = harmony_tokenizer_parts()
             # reserved special ids past the model's vocabulary can never be sampled: left out
             specials = {name: i for name, i in specials.items() if i < self.vocab_size}
@@ -128,15 +116,9 @@ class GrammarCompiler:
     def matcher(self, json_schema: str, end_ids: tuple[int, ...]) -> Matcher:
         """A fresh matcher for ``json_schema`` (JSON Schema as text) whose text may be followed only by one
         of ``end_ids``; GrammarError if it is not usable."""
-        if len(json_schema) > MAX_SCHEMA_CHARS:
-            raise GrammarError(f"json_schema of {len(json_schema)} characters (at most {MAX_SCHEMA_CHARS})")
-        llg = _llguidance()
+        grammar = json_grammar(json_schema)
+        llg = llguidance_module()
         tok = self.tokenizer()
-        try:
-            grammar = llg.LLMatcher.grammar_from_json_schema(
-                json_schema, defaults={"whitespace_flexible": False, "item_separator": ", ", "key_separator": ": "})
-        except (ValueError, TypeError, RuntimeError) as e:
-            raise GrammarError(f"json_schema could not be compiled: {e}") from None
         inner = llg.LLMatcher(tok, grammar)
         if inner.is_error():
             raise GrammarError(f"json_schema could not be compiled: {inner.get_error()}")

@@ -28,11 +28,12 @@ from dataclasses import dataclass, field
 
 import torch
 
+from dayzero.json_grammar import MAX_SCHEMA_CHARS
+
 _MIX = 0x9E3779B97F4A7C15  # golden-ratio constant: spreads (seed, step) over the 64-bit seed space
 _MASK63 = (1 << 63) - 1
 MAX_PREFIXES = 128
 MAX_PREFIX_LEN = 64
-MAX_SCHEMA_CHARS = 65536
 
 
 @dataclass
