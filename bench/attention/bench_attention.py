@@ -35,8 +35,8 @@ def _pcfg(m, n, w, s, pack, tma):
     return dict(KERNEL="flash", BLOCK_M=m, BLOCK_N=n, num_warps=w, num_stages=s, PACK=pack, TMA=tma)
 
 
-def _wcfg(rows, w, tma=True, s=1, maxnreg=None, branch=False, slide=0):
-    cfg = dict(KERNEL="window", ROWS=rows, num_warps=w, num_stages=s, TMA=tma, GATHER_BRANCH=branch, SLIDE=slide)
+def _wcfg(rows, w, tma=True, s=1, maxnreg=None, branch=False):
+    cfg = dict(KERNEL="window", ROWS=rows, num_warps=w, num_stages=s, TMA=tma, GATHER_BRANCH=branch)
     if maxnreg:
         cfg["maxnreg"] = maxnreg
     return cfg
@@ -60,9 +60,6 @@ WINDOW_CFGS = {
     "win_r64w4_branch": _wcfg(64, 4, tma=False, branch=True),
     "win_r64w4_tma_reg96": _wcfg(64, 4, maxnreg=96),
     "win_r128w8_tma": _wcfg(128, 8),
-    # run 6: the slide variants (SLIDE 4 / 8 / 16, maxnreg 168 / 128) were 1.3-1.8x slower than the
-    # pointer kernel; one stays here so a later change to them is measured
-    "win_r64w4_slide8_s2": _wcfg(64, 4, tma=False, s=2, slide=8),
 }
 DECODE_CFGS = {  # the default has PDL off (triton_attention_decode's docstring); _nopdl / _pdl force it
     "n128w4s3": dict(BLOCK_N=128, num_warps=4, num_stages=3),

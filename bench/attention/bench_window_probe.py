@@ -1,4 +1,4 @@
-"""Window prefill probe: the window kernel's variants (pointer loads, gather branch, TMA, slide)
+"""Window prefill probe: the window kernel's variants (pointer loads, gather branch, TMA)
 timed three ways at prompts and chunks of several sizes: GPU time (CUDA-graph replay), host time per
 call (enqueue only) and do_bench (what an eager caller sees), with the fp32 error of the last rows."""
 
@@ -23,8 +23,7 @@ def bench_window_probe(rows):
     plan = [(4096, 0), (8192, 0), (32768, 0), (512, 24576)]
     cfgs = {"window_ptr": dict(KERNEL="window", TMA=False),
             "window_branch": dict(KERNEL="window", TMA=False, GATHER_BRANCH=True),
-            "window_tma": dict(KERNEL="window", TMA=True, TMA_MIN_TOKENS=0),
-            "window_slide8_s2": dict(KERNEL="window", SLIDE=8, num_stages=2)}
+            "window_tma": dict(KERNEL="window", TMA=True, TMA_MIN_TOKENS=0)}
     for n, cached in plan:
         c = single_sequence(n, cached=cached, seed=n + 1)
         args = (c["q"], c["k"], c["v"], c["k_cache"], c["v_cache"], c["block_tables"], c["cu_seqlens_q"],

@@ -64,11 +64,8 @@ def decode_rows():
 
 def window_rows():
     from dayzero.kernels import triton_attention_window as W
-    from dayzero.kernels import triton_attention_window_slide as S
     base = dict(GROUP=8, TOK_N=16, WIN_N=128, BS=16, HEAD_D=64)
     yield check(W._window_kernel, dict(base, TOK=8, TMA=False, BRANCH=False), 4, 1)
-    for tok, w, steps, stages, reg in ((8, 4, 8, 1, 0), (8, 4, 8, 2, 0), (8, 4, 8, 1, 168), (8, 4, 8, 2, 168), (8, 4, 8, 1, 128)):
-        yield check(S._window_slide_kernel, dict(base, TOK=tok, STEPS=steps), w, stages, reg)
 
 
 def main() -> int:

@@ -66,10 +66,6 @@ WINDOW_KERNELS = {  # TMA_MIN_TOKENS=0: the TMA path even for these short sequen
     "window_r64w4": dict(KERNEL="window", ROWS=64, num_warps=4, TMA=False),
     "window_r64w4_branch": dict(KERNEL="window", ROWS=64, num_warps=4, TMA=False, GATHER_BRANCH=True),
     "window_r128w8_tma": dict(KERNEL="window", ROWS=128, num_warps=8, TMA=True, TMA_MIN_TOKENS=0),
-    "window_r64w4_slide4": dict(KERNEL="window", ROWS=64, num_warps=4, TMA=False, SLIDE=4),
-    "window_r64w4_slide8_s2": dict(KERNEL="window", ROWS=64, num_warps=4, TMA=False, SLIDE=8, num_stages=2),
-    "window_r64w4_slide16_s2": dict(KERNEL="window", ROWS=64, num_warps=4, TMA=False, SLIDE=16, num_stages=2),
-    "window_r64w4_slide8_reg128": dict(KERNEL="window", ROWS=64, num_warps=4, TMA=False, SLIDE=8, maxnreg=128),
 }
 
 
@@ -85,13 +81,12 @@ def test_window_prefill_edges(variant):
     _check(make_case(q_lens, cached, window=128, sinks="mixed", seed=42), config=cfg)
 
 
-@pytest.mark.parametrize("slide", [0, 4])
 @pytest.mark.parametrize("window", [1, 16, 100, 256, 300])
-def test_window_kernel_windows_and_groups(window, slide):
+def test_window_kernel_windows_and_groups(window):
     """Window sizes around the kernel's block A (300: wider than it, the flash kernel serves), GQA
     groups 8 / 4 / 1 and 6 (not a power of two: the flash kernel serves), head dims 32-128; with
-    TMA, and the slide variant (window K/V kept as a ring across 4 tiles)."""
-    cfg = dict(KERNEL="window", SLIDE=4) if slide else dict(KERNEL="window", TMA=True, TMA_MIN_TOKENS=0)
+    TMA."""
+    cfg = dict(KERNEL="window", TMA=True, TMA_MIN_TOKENS=0)
     for hq, hkv, d, bs in ((64, 8, 64, 16), (8, 2, 128, 32), (4, 4, 32, 16), (12, 2, 64, 16)):
         case = make_case([33, 1, 260], [0, 70, 300], hq=hq, hkv=hkv, d=d, bs=bs, window=window,
                          sinks="mixed", seed=window + hq)

@@ -194,9 +194,10 @@ def default_window_config(head_dim: int, group: int) -> dict:
     block A of interior tiles by TMA) from ``TMA_MIN_TOKENS`` new tokens on: run 6 measured 102 /
     373 / 1491 µs at 8k / 32k / 128k against 129 / 495 without TMA (GPU time 98 vs 126 µs at 8k, 52 vs
     66 at 4k; host enqueue 68-103 µs per call, so a call is GPU-bound from ~8k). ``GATHER_BRANCH``
-    (115 / 430 µs without TMA) and ``SLIDE`` (169-172 / 627 µs) stay opt-in."""
+    (115 / 430 µs without TMA) stays opt-in; a variant keeping the window's K/V in registers across
+    tiles (run 6: 169-172 / 627 µs) was removed (bench/NOTES.md)."""
     return dict(ROWS=64, num_warps=4, num_stages=1, TMA=True, TMA_MIN_TOKENS=4096, TMA_MAXNREG=128,
-                GATHER_BRANCH=False, SLIDE=0)
+                GATHER_BRANCH=False)
 
 
 def window_supported(window: int, group: int) -> bool:
@@ -221,18 +222,12 @@ def window_attention(q, k, v, k_cache, v_cache, block_tables, cu_seqlens_q, cach
     cfg.pop("KERNEL", None)
     rows, tma, tma_min, tma_reg = cfg.pop("ROWS"), cfg.pop("TMA"), cfg.pop("TMA_MIN_TOKENS"), cfg.pop("TMA_MAXNREG")
     branch = bool(cfg.pop("GATHER_BRANCH"))
-    slide = int(cfg.pop("SLIDE"))
     if T == 0 or max_seqlen_q == 0:
         return None
     tok = max(1, rows // group)
     if tok * group < 16:
         tok = 16 // group
     win_n = max(16, triton.next_power_of_2(window))
-    if slide > 0:  # one program walks SLIDE tiles, the window's K/V kept as a ring (opt-in)
-        from .triton_attention_window_slide import launch_window_slide
-
-        return launch_window_slide(q, k, v, k_cache, v_cache, block_tables, cu_seqlens_q, cached_lens, sinks,
-                                   scale * LOG2E, window, max_seqlen_q, out, group, tok, win_n, slide, cfg)
     k_desc, v_desc = k, v
     tma = bool(tma and max_seqlen_q >= max(tma_min, win_n + tok) and _tma_ok(k) and _tma_ok(v))
     if tma:
