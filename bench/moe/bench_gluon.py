@@ -4,9 +4,11 @@
     PYTHONPATH=shared python bench/moe/bench_gluon.py --compile [--out DIR]     # no GPU needed
 
 GPU mode writes DIR/moe-gluon.json: per E in (32, 128), 8192 tokens, top-4, random and balanced
-routing: the whole MoE layer and each GEMM (ms, TFLOP/s useful) for the Triton default (``LARGE``)
-and each Gluon configuration on the same weights and routing; every output is checked against the
-torch FP8 reference (rel) and for unwritten / non-finite elements (out and y NaN-filled first).
+routing: the whole MoE layer, each GEMM (ms, TFLOP/s useful) and the glue stages for each variant
+(``triton_large``: the Triton large-M kernels; ``gluon``: the shipped Gluon default; ``gluon64`` /
+``gluon128*``: 64- / 128-row tiles) on the same weights and routing, with the full / half tile
+counts of 128-row alignments; every output is checked against the torch FP8 reference (rel) and for
+unwritten / non-finite elements (out and y NaN-filled first).
 Compile mode compiles both GEMMs for sm_90 with Triton's bundled ptxas (registers, shared memory,
 spills, QGMMA count, setmaxnreg values) and writes DIR/moe-gluon-compile.json.
 """
@@ -23,48 +25,57 @@ import sys
 H = I = 2880
 K_TOP = 4
 LIMIT = 7.0
+DEFAULT_VARIANTS = "gluon,gluon128,gluon128_g4,gluon128_g16"
 
 
 def _configs() -> dict:
-    from dayzero.kernels.gluon_moe_gemm_run import DEFAULT
+    from dayzero.kernels.gluon_moe_gemm_run import BM64, BM128, DEFAULT
 
     r = dataclasses.replace
-    return {"gluon": DEFAULT, "gluon_s3": r(DEFAULT, stages=3), "gluon_s5": r(DEFAULT, stages=5),
-            "gluon_g8": r(DEFAULT, group_m=8), "gluon_g32": r(DEFAULT, group_m=32),
-            "gluon_gate_up_only": r(DEFAULT, down=False),
+    return {"gluon": DEFAULT, "gluon64": BM64, "gluon_s3": r(BM64, stages=3), "gluon_s5": r(BM64, stages=5),
+            "gluon_g8": r(BM64, group_m=8), "gluon_g32": r(BM64, group_m=32),
+            "gluon_gate_up_only": r(BM64, down=False),
+            # 128-row tiles (gluon_moe_gemm128): the consumers split M and share the W tile
+            "gluon128": BM128, "gluon128_s3": r(BM128, stages=3),
+            "gluon128_g4": r(BM128, group_m=4), "gluon128_g16": r(BM128, group_m=16),
             # timing diagnostics (wrong results): where the time goes
-            "diag_w_once_per_tile": r(DEFAULT, diag=1), "diag_a_once_per_tile": r(DEFAULT, diag=2)}
+            "diag_w_once_per_tile": r(BM64, diag=1), "diag_a_once_per_tile": r(BM64, diag=2)}
 
 
-def compile_check(out: str | None) -> int:
-    """sm_90 compile of both GEMMs per configuration, no GPU."""
+def compile_check(out: str | None, names: list[str] | None = None) -> int:
+    """sm_90 compile of both GEMMs per configuration (``names``: these only), no GPU."""
     sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
     from sm90 import build_sm90
     from triton.experimental.gluon import language as gl
     from triton.experimental.gluon._runtime import GluonASTSource
 
-    from dayzero.kernels.gluon_moe_gemm import moe_gemm_ws_kernel as kern
+    from dayzero.kernels.gluon_moe_gemm import moe_gemm_ws_kernel
+    from dayzero.kernels.gluon_moe_gemm128 import moe_gemm_ws128_kernel
 
-    al = gl.NVMMASharedLayout.get_default_for([64, 128], gl.float8e4nv)
     bl = gl.NVMMASharedLayout.get_default_for([256, 128], gl.float8e4nv)
-    sal = gl.NVMMASharedLayout.get_default_for([1, 64], gl.float32)
     sbl = gl.NVMMASharedLayout.get_default_for([8, 4], gl.float32)
     rows = []
     for name, cfg in _configs().items():
-        if not cfg.down or cfg.diag:
+        if not cfg.down or cfg.diag or (names and name not in names):
             continue
+        bm = cfg.bm
+        kern = moe_gemm_ws128_kernel if bm == 128 else moe_gemm_ws_kernel
+        al = gl.NVMMASharedLayout.get_default_for([bm, 128], gl.float8e4nv)
+        sal = gl.NVMMASharedLayout.get_default_for([1, bm], gl.float32)
         for epi in (1, 2):
             sig = {n: "i32" for n in kern.arg_names}
-            sig.update(sa_desc=f"tensordesc<fp32[1, 64],{sal!r}>", sb_desc=f"tensordesc<fp32[8, 4],{sbl!r}>")
-            sig.update(a_desc=f"tensordesc<fp8e4nv[64, 128],{al!r}>", b_desc=f"tensordesc<fp8e4nv[256, 128],{bl!r}>",
+            sig.update(sa_desc=f"tensordesc<fp32[1, {bm}],{sal!r}>", sb_desc=f"tensordesc<fp32[8, 4],{sbl!r}>")
+            sig.update(a_desc=f"tensordesc<fp8e4nv[{bm}, 128],{al!r}>", b_desc=f"tensordesc<fp8e4nv[256, 128],{bl!r}>",
                        bias_ptr="*bf16", c_ptr="*fp8e4nv" if epi == 1 else "*bf16",
                        cs_ptr="*fp32", sorted_ids_ptr="*i32", block_expert_ptr="*i32", weights_ptr="*bf16",
                        limit="fp32", alpha="fp32")
             consts = dict(EPI=epi, STAGES=cfg.stages, GROUP_M=cfg.group_m, CONSUMER_REGS=cfg.consumer_regs,
-                          PRODUCER_REGS=cfg.producer_regs, num_warps=4, DIAG=cfg.diag)
+                          PRODUCER_REGS=cfg.producer_regs, num_warps=4)
+            if bm == 64:
+                consts["DIAG"] = cfg.diag
             sig.update({k: "constexpr" for k in consts})
             b = build_sm90(GluonASTSource(kern, sig, consts), 4, maxnreg=cfg.maxnreg)
-            rows.append(dict(config=name, gemm="gate_up" if epi == 1 else "down", stages=cfg.stages,
+            rows.append(dict(config=name, bm=bm, gemm="gate_up" if epi == 1 else "down", stages=cfg.stages,
                              regs_kernel=b.regs,
                              setmaxnreg=sorted(set(int(v) for v in re.findall(r"setmaxnreg\.\w+\.sync\.aligned\.u32\s+(\d+)",
                                                                              b.ptx))),
@@ -86,7 +97,19 @@ def _rel(a, b) -> float:
     return ((a.double() - b.double()).norm() / b.double().norm()).item()
 
 
-def moe_layer(res, E: int, T: int, variants: list[str]) -> None:
+def _tile_stats(run) -> dict:
+    """Used M blocks and padding of the run's alignment; for 128-row blocks, how many are full tiles
+    (rows 64-127 hold a routed pair) and how many half tiles (read on the host after the run)."""
+    al = run.al
+    used = int((al.block_expert >= 0).sum())
+    row = dict(block_m=al.block_m, used_blocks=used, padded_rows_used=used * al.block_m)
+    if al.block_m == 128:
+        full = int((al.sorted_ids.view(-1, 128)[:used, 64] < al.num_pairs).sum())
+        row.update(full_tiles=full, half_tiles=used - full)
+    return row
+
+
+def moe_layer(res, E: int, T: int, variants: list[str], balanced_variants: list[str]) -> None:
     import torch
     from common import median_ms, random_experts, routing
 
@@ -100,7 +123,7 @@ def moe_layer(res, E: int, T: int, variants: list[str]) -> None:
     for balanced in (False, True):
         w, ids = routing(T, E, K_TOP, balanced, seed=T)
         ref = torch_ops.moe_experts(x, w, ids, ex, LIMIT)
-        for var in (variants if not balanced else ["triton_large", "gluon"]):
+        for var in (variants if not balanced else balanced_variants):
             if var == "triton_large":
                 run = MoeRun(x, w, ids, ex, LIMIT, tiles=LARGE, small=False)
             else:
@@ -116,6 +139,9 @@ def moe_layer(res, E: int, T: int, variants: list[str]) -> None:
             for stage, frac in (("gate_up", 2 / 3), ("down", 1 / 3)):
                 sms = median_ms(getattr(run, stage))
                 row[f"{stage}_ms"], row[f"{stage}_tflops"] = sms, _flop(T) * frac / sms / 1e9
+            for stage in ("align", "quant", "combine"):                 # the glue (align last: same blocks)
+                row[f"{stage}_ms"] = median_ms(getattr(run, stage))
+            row.update(_tile_stats(run))
             res.add(**row)
             del run, out
 
@@ -124,17 +150,19 @@ def main() -> int:
     ap = argparse.ArgumentParser()
     ap.add_argument("--out", default=os.environ.get("OUT"))
     ap.add_argument("--compile", action="store_true", help="sm_90 compile report only (no GPU)")
-    ap.add_argument("--variants", default="triton_large,gluon,gluon_s3,gluon_s5,gluon_g8,gluon_g32")
+    ap.add_argument("--variants", default=DEFAULT_VARIANTS)
+    ap.add_argument("--balanced-variants", default="gluon,gluon128")
     ap.add_argument("--tokens", type=int, default=8192)
     args = ap.parse_args()
     if args.compile:
-        return compile_check(args.out)
+        return compile_check(args.out, args.variants.split(",") if args.variants != DEFAULT_VARIANTS else None)
     sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
     from common import Results
 
     res = Results("moe-gluon")
     for E in (32, 128):
-        res.section(f"moe_gluon_E{E}", moe_layer, E, args.tokens, args.variants.split(","))
+        res.section(f"moe_gluon_E{E}", moe_layer, E, args.tokens, args.variants.split(","),
+                    args.balanced_variants.split(","))
         res.write(args.out or ".")
     print("wrote", res.write(args.out or "."), "errors:", len(res.errors))
     return 0

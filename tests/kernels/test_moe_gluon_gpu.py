@@ -5,10 +5,14 @@ allocator's free memory NaN-poisoned before each call, ``e_ref`` = the reference
 error vs the dequantized fp32 experts):
   |gluon - exact| <= 1.2 * e_ref + 2e-3 and |gluon - ref| <= 0.25 * e_ref + 5e-3.
 Every case also checks that the Gluon kernels ran (not the Triton fallback) and that every pair's
-row of y was written (y NaN-filled first).
+row of y was written (y NaN-filled first). The shape cases run both kernels: 64-row tiles
+(``gluon_moe_gemm``) and 128-row tiles (``gluon_moe_gemm128``: full tiles where the consumers split M,
+half tiles where an expert's run ends in the first 64 rows; the cases below have both kinds).
 """
 
 from __future__ import annotations
+
+import dataclasses
 
 import pytest
 import torch
@@ -48,6 +52,16 @@ def check(x, w, ids, q, d, cfg=None):
     return out
 
 
+def tile_cfg(bm):
+    """The kernel of one parametrization: 64-row tiles (default config) or 128-row tiles."""
+    from dayzero.kernels.gluon_moe_gemm_run import DEFAULT
+
+    return DEFAULT if bm == 64 else dataclasses.replace(DEFAULT, bm=128, group_m=8)
+
+
+BMS = pytest.mark.parametrize("bm", [64, 128])
+
+
 def run_case(T, E, H, I, k, seed, offset=0, E_global=None, cfg=None):
     from test_moe_gpu import make_experts, route
 
@@ -56,39 +70,46 @@ def run_case(T, E, H, I, k, seed, offset=0, E_global=None, cfg=None):
     return check(x, w, ids, q, d, cfg)
 
 
+@BMS
 @pytest.mark.parametrize("T", [300, 2048])
-def test_gluon_moe_20b(T):
-    run_case(T, 32, 2880, 2880, 4, seed=100 + T)
+def test_gluon_moe_20b(T, bm):
+    run_case(T, 32, 2880, 2880, 4, seed=100 + T, cfg=tile_cfg(bm))
 
 
-def test_gluon_moe_120b():
-    run_case(1024, 128, 2880, 2880, 4, seed=7)
+@BMS
+@pytest.mark.parametrize("T", [1024, 4096])
+def test_gluon_moe_120b(T, bm):
+    run_case(T, 128, 2880, 2880, 4, seed=7 + T, cfg=tile_cfg(bm))
 
 
-def test_gluon_moe_odd_shapes():
-    # H = 208, I = 336: N and K tails inside one tile (second warpgroup's half partly past N)
-    run_case(37, 6, 208, 336, 2, seed=3)
+@BMS
+def test_gluon_moe_odd_shapes(bm):
+    # H = 208, I = 336: N and K tails inside one tile (a weight block partly or wholly past N)
+    run_case(37, 6, 208, 336, 2, seed=3, cfg=tile_cfg(bm))
+    run_case(300, 6, 208, 336, 2, seed=4, cfg=tile_cfg(bm))                # full 128-row tiles too
 
 
-def test_gluon_moe_expert_parallel_slice():
-    run_case(200, 8, 2880, 2880, 4, seed=5, offset=8, E_global=32)
+@BMS
+def test_gluon_moe_expert_parallel_slice(bm):
+    run_case(200, 8, 2880, 2880, 4, seed=5, offset=8, E_global=32, cfg=tile_cfg(bm))
 
 
-@pytest.mark.parametrize("stages,group_m", [(5, 8)])
-def test_gluon_moe_configs(stages, group_m):
+@pytest.mark.parametrize("bm,stages,group_m", [(64, 5, 8), (128, 3, 4)])
+def test_gluon_moe_configs(bm, stages, group_m):
     from dayzero.kernels.gluon_moe_gemm_run import GluonConfig
 
-    run_case(700, 32, 2880, 2880, 4, seed=stages, cfg=GluonConfig(stages=stages, group_m=group_m))
+    run_case(700, 32, 2880, 2880, 4, seed=stages, cfg=GluonConfig(stages=stages, group_m=group_m, bm=bm))
 
 
-def test_gluon_moe_skewed_routing():
+@BMS
+def test_gluon_moe_skewed_routing(bm):
     """Ragged groups: expert 0 takes every token, a few experts the rest, most experts none."""
     from test_moe_gpu import make_experts, route, skewed_ids
 
     T, E, k, H = 1500, 32, 4, 2880
     q, d = make_experts(E, H, H, seed=31)
     x, w, _ = route(T, E, k, H, seed=32)
-    check(x, w, skewed_ids(T, k).to(DEV), q, d)
+    check(x, w, skewed_ids(T, k).to(DEV), q, d, tile_cfg(bm))
 
 
 def test_registered_op_takes_gluon_for_prefill(monkeypatch):
@@ -98,7 +119,7 @@ def test_registered_op_takes_gluon_for_prefill(monkeypatch):
     if not _hopper():
         pytest.skip("the Gluon MoE GEMM is written for sm_90 (wgmma)")
     from dayzero.kernels import triton_moe
-    from dayzero.kernels.gluon_moe_gemm_run import fused_moe_gluon
+    from dayzero.kernels.gluon_moe_gemm_run import config_for, fused_moe_gluon
     from dayzero.kernels.registry import get_ops
     from test_moe_gpu import make_experts, route
 
@@ -109,7 +130,8 @@ def test_registered_op_takes_gluon_for_prefill(monkeypatch):
     ref_out, exact = ref.moe_experts(x, w, ids, q, LIMIT), ref.moe_experts(x, w, ids, d, LIMIT)
     e_ref = rel(ref_out, exact)
     out = op(x, w, ids, q, LIMIT)
-    assert torch.equal(out, fused_moe_gluon(x, w, ids, q, LIMIT))            # deterministic, same path
+    cfg = config_for(ids.numel(), 32)                                      # DAYZERO_MOE_GLUON_BM or the default
+    assert torch.equal(out, fused_moe_gluon(x, w, ids, q, LIMIT, cfg))       # deterministic, same path
     monkeypatch.setenv("DAYZERO_MOE_GLUON", "0")
     assert not triton_moe.gluon_prefill(x, ids, 32)
     out_triton = op(x, w, ids, q, LIMIT)

@@ -2,13 +2,16 @@
 descriptors, and ``GluonMoeRun``, the large-M ``MoeRun`` whose gate_up and down GEMMs run on it.
 
 Everything else of the MoE call (align, quantization into sorted order, combine) is the Triton large
-path's (``triton_moe.LARGE``: 64-row align blocks, x quantized 1x128 into sorted order). Operands the
+path's (``triton_moe.LARGE``: x quantized 1x128 into sorted order), with align blocks of the kernel's
+tile rows: 64 (``gluon_moe_gemm``) or 128 (``GluonConfig.bm = 128``: ``gluon_moe_gemm128``). Operands the
 kernel cannot take (TMA alignment, non-contiguous weights) fall back to the Triton GEMMs.
 Importing this module imports triton's Gluon: callers import it only when the Gluon path is selected.
 """
 
 from __future__ import annotations
 
+import dataclasses
+import os
 from dataclasses import dataclass
 
 import torch
@@ -17,12 +20,13 @@ from triton.experimental.gluon import language as gl
 from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
 
 from .gluon_moe_gemm import moe_gemm_ws_kernel
+from .gluon_moe_gemm128 import moe_gemm_ws128_kernel
 from .triton_moe import LARGE, SWIGLU_ALPHA, MoeRun
 from .triton_moe_align import AlignedPairs
 from .triton_moe_gemm import tma_ok
 from .types import ExpertWeights
 
-BM, BK, BN = 64, 128, 256  # must match gluon_moe_gemm
+BK, BN = 128, 256  # must match gluon_moe_gemm(128)
 
 
 @dataclass(frozen=True)
@@ -38,10 +42,23 @@ class GluonConfig:
     programs_per_sm: int = 1
     down: bool = True          # False: the down GEMM stays on the Triton large kernel
     diag: int = 0              # timing diagnostics only, WRONG results: 1 = each W tile loaded once per
-                               # tile (not per K step), 2 = same for A (bench_gluon)
+                               # tile (not per K step), 2 = same for A (bench_gluon); bm 64 only
+    bm: int = 64               # tile rows = align block: 64 (gluon_moe_gemm: the consumers split N) or
+                               # 128 (gluon_moe_gemm128: the consumers split M and share the W tile)
 
 
-DEFAULT = GluonConfig()
+BM64 = GluonConfig()
+BM128 = dataclasses.replace(BM64, bm=128, group_m=8)  # 128-row tiles (gluon_moe_gemm128), same rows per M group
+DEFAULT = BM64
+
+
+def config_for(num_pairs: int, num_experts: int) -> GluonConfig:
+    """The configuration the registered op runs for a call of ``num_pairs`` routed pairs over
+    ``num_experts`` local experts: DEFAULT, or the tile rows that DAYZERO_MOE_GLUON_BM (64 or 128) names."""
+    bm = os.environ.get("DAYZERO_MOE_GLUON_BM", "")
+    if bm not in ("", "64", "128"):
+        raise ValueError(f"DAYZERO_MOE_GLUON_BM must be 64 or 128, got {bm!r}")
+    return {"": DEFAULT, "64": BM64, "128": BM128}[bm]
 
 
 def block_scales_by_k(w_scale: torch.Tensor) -> torch.Tensor:
@@ -63,23 +80,28 @@ def gemm_ws(a: torch.Tensor, a_scale_t: torch.Tensor, w: torch.Tensor, w_scale_k
     """a [Mpad, >= K] fp8 (sorted rows), a_scale_t [ceil(K/128), Mpad] fp32; w [E, N, K] fp8 contiguous,
     w_scale_k = block_scales_by_k(w_scale); epi 1 -> out = h [Mpad, N/2] fp8 + out_scale_t; epi 2 -> out =
     y [P, N] (pair order)."""
-    if al.block_m != BM:
-        raise ValueError(f"the Gluon MoE GEMM needs 64-row align blocks, got {al.block_m}")
+    bm = cfg.bm
+    if bm not in (64, 128) or al.block_m != bm:
+        raise ValueError(f"the Gluon MoE GEMM needs {bm}-row align blocks (64 or 128), got {al.block_m}")
+    if bm == 128 and cfg.diag:
+        raise ValueError("the timing diagnostics exist for the 64-row kernel only")
     if not w.is_contiguous():
         raise ValueError("the Gluon MoE GEMM needs contiguous expert weights")
     E = w.shape[0]
-    nbm = al.padded_rows // BM
+    nbm = al.padded_rows // bm
     sms = torch.cuda.get_device_properties(a.device).multi_processor_count
     progs = max(1, min(cfg.programs_per_sm * sms, nbm * triton.cdiv(N, BN)))
-    moe_gemm_ws_kernel[(progs, )](
-        _desc(a, [BM, BK], gl.float8e4nv), _desc(a_scale_t, [1, BM], gl.float32),
-        _desc(w.view(E * N, w.shape[2]), [BN, BK], gl.float8e4nv), _desc(w_scale_k, [8, 4], gl.float32),
-        bias, out, out_scale_t if out_scale_t is not None else out, al.sorted_ids, al.block_expert, weights,
-        nbm, N, K, al.num_pairs, triton.cdiv(K, BK), bias.stride(0), out.stride(0),
-        out_scale_t.stride(0) if out_scale_t is not None else 0, float(limit), SWIGLU_ALPHA,
-        EPI=epi, STAGES=cfg.stages, GROUP_M=cfg.group_m, CONSUMER_REGS=cfg.consumer_regs,
-        PRODUCER_REGS=cfg.producer_regs, num_warps=4, maxnreg=cfg.maxnreg, DIAG=cfg.diag,
-    )
+    args = (_desc(a, [bm, BK], gl.float8e4nv), _desc(a_scale_t, [1, bm], gl.float32),
+            _desc(w.view(E * N, w.shape[2]), [BN, BK], gl.float8e4nv), _desc(w_scale_k, [8, 4], gl.float32),
+            bias, out, out_scale_t if out_scale_t is not None else out, al.sorted_ids, al.block_expert, weights,
+            nbm, N, K, al.num_pairs, triton.cdiv(K, BK), bias.stride(0), out.stride(0),
+            out_scale_t.stride(0) if out_scale_t is not None else 0, float(limit), SWIGLU_ALPHA)
+    consts = dict(EPI=epi, STAGES=cfg.stages, GROUP_M=cfg.group_m, CONSUMER_REGS=cfg.consumer_regs,
+                  PRODUCER_REGS=cfg.producer_regs, num_warps=4, maxnreg=cfg.maxnreg)
+    if bm == 128:
+        moe_gemm_ws128_kernel[(progs, )](*args, **consts)
+    else:
+        moe_gemm_ws_kernel[(progs, )](*args, DIAG=cfg.diag, **consts)
 
 
 class GluonMoeRun(MoeRun):
@@ -87,7 +109,7 @@ class GluonMoeRun(MoeRun):
 
     def __init__(self, x: torch.Tensor, weights: torch.Tensor, ids: torch.Tensor, experts: ExpertWeights,
                  limit: float, cfg: GluonConfig = DEFAULT) -> None:
-        super().__init__(x, weights, ids, experts, limit, tiles=LARGE, small=False)
+        super().__init__(x, weights, ids, experts, limit, tiles=dataclasses.replace(LARGE, bm=cfg.bm), small=False)
         self.cfg = cfg
 
     def gluon_ok(self) -> bool:

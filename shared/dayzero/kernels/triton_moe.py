@@ -243,10 +243,10 @@ def moe_experts(x: torch.Tensor, weights: torch.Tensor, ids: torch.Tensor, exper
         return moe_split(x, weights, ids, experts, limit)
     if gluon_prefill(x, ids, experts.num_experts):
         try:
-            from .gluon_moe_gemm_run import fused_moe_gluon
+            from .gluon_moe_gemm_run import config_for, fused_moe_gluon
         except ImportError:  # a triton without Gluon
             return fused_moe(x, weights, ids, experts, limit)
-        return fused_moe_gluon(x, weights, ids, experts, limit)
+        return fused_moe_gluon(x, weights, ids, experts, limit, config_for(ids.numel(), experts.num_experts))
     return fused_moe(x, weights, ids, experts, limit)
 
 
