@@ -38,6 +38,7 @@ def _configs() -> dict:
             # 128-row tiles (gluon_moe_gemm128): the consumers split M and share the W tile
             "gluon128": BM128, "gluon128_s3": r(BM128, stages=3),
             "gluon128_g4": r(BM128, group_m=4), "gluon128_g16": r(BM128, group_m=16),
+            "gluon128_h1": r(BM128, half=1),
             # timing diagnostics (wrong results): where the time goes
             "diag_w_once_per_tile": r(BM64, diag=1), "diag_a_once_per_tile": r(BM64, diag=2)}
 
@@ -73,6 +74,8 @@ def compile_check(out: str | None, names: list[str] | None = None) -> int:
                           PRODUCER_REGS=cfg.producer_regs, num_warps=4)
             if bm == 64:
                 consts["DIAG"] = cfg.diag
+            else:
+                consts["HALF"] = cfg.half
             sig.update({k: "constexpr" for k in consts})
             b = build_sm90(GluonASTSource(kern, sig, consts), 4, maxnreg=cfg.maxnreg)
             rows.append(dict(config=name, bm=bm, gemm="gate_up" if epi == 1 else "down", stages=cfg.stages,
@@ -121,6 +124,8 @@ def moe_layer(res, E: int, T: int, variants: list[str], balanced_variants: list[
     ex = random_experts(E, H, I, seed=E)
     x = torch.randn(T, H, device="cuda").bfloat16()
     for balanced in (False, True):
+        if not (balanced_variants if balanced else variants):
+            continue
         w, ids = routing(T, E, K_TOP, balanced, seed=T)
         ref = torch_ops.moe_experts(x, w, ids, ex, LIMIT)
         for var in (variants if not balanced else balanced_variants):
@@ -153,16 +158,17 @@ def main() -> int:
     ap.add_argument("--variants", default=DEFAULT_VARIANTS)
     ap.add_argument("--balanced-variants", default="gluon,gluon128")
     ap.add_argument("--tokens", type=int, default=8192)
+    ap.add_argument("--experts", default="32,128", help="expert counts (one layer shape each)")
     args = ap.parse_args()
     if args.compile:
         return compile_check(args.out, args.variants.split(",") if args.variants != DEFAULT_VARIANTS else None)
     sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
     from common import Results
 
-    res = Results("moe-gluon")
-    for E in (32, 128):
-        res.section(f"moe_gluon_E{E}", moe_layer, E, args.tokens, args.variants.split(","),
-                    args.balanced_variants.split(","))
+    res = Results(os.environ.get("MOE_GLUON_NAME", "moe-gluon"))
+    for E in (int(e) for e in args.experts.split(",")):
+        res.section(f"moe_gluon_E{E}", moe_layer, E, args.tokens, [v for v in args.variants.split(",") if v],
+                    [v for v in args.balanced_variants.split(",") if v])
         res.write(args.out or ".")
     print("wrote", res.write(args.out or "."), "errors:", len(res.errors))
     return 0

@@ -112,6 +112,40 @@ def test_gluon_moe_skewed_routing(bm):
     check(x, w, skewed_ids(T, k).to(DEV), q, d, tile_cfg(bm))
 
 
+def test_gluon_moe_half_tiles_one_warpgroup():
+    """128-row tiles with HALF 1 (a half tile on warpgroup 0 alone): all half tiles, and a mix."""
+    from dayzero.kernels.gluon_moe_gemm_run import BM128
+
+    cfg = dataclasses.replace(BM128, half=1)
+    run_case(300, 32, 2880, 2880, 4, seed=41, cfg=cfg)
+    run_case(2048, 32, 2880, 2880, 4, seed=42, cfg=cfg)
+
+
+def test_registered_op_tile_rows_by_load(monkeypatch):
+    """The registered op takes 128-row tiles from 1024 routed rows an expert on average (64-row below);
+    DAYZERO_MOE_GLUON_BM forces either; outputs equal the configuration's own run."""
+    pytest.importorskip("triton")
+    if not _hopper():
+        pytest.skip("the Gluon MoE GEMM is written for sm_90 (wgmma)")
+    from dayzero.kernels.gluon_moe_gemm_run import BM64, BM128, config_for, fused_moe_gluon
+    from dayzero.kernels.registry import get_ops
+    from test_moe_gpu import make_experts, route
+
+    monkeypatch.delenv("DAYZERO_MOE_GLUON_BM", raising=False)
+    E, T = 8, 2048                                                         # 1024 rows an expert
+    assert config_for(T * 4, E) == BM128 and config_for(T * 4 - 4, E) == BM64
+    q, d = make_experts(E, 2880, 2880, seed=51)
+    x, w, ids = route(T, E, 4, 2880, seed=52)
+    out = check(x, w, ids, q, d, BM128)
+    assert torch.equal(get_ops("triton").moe_experts(x, w, ids, q, LIMIT), out)
+    monkeypatch.setenv("DAYZERO_MOE_GLUON_BM", "64")
+    assert config_for(T * 4, E) == BM64
+    assert torch.equal(get_ops("triton").moe_experts(x, w, ids, q, LIMIT), fused_moe_gluon(x, w, ids, q, LIMIT, BM64))
+    monkeypatch.setenv("DAYZERO_MOE_GLUON_BM", "96")
+    with pytest.raises(ValueError):
+        config_for(T * 4, E)
+
+
 def test_registered_op_takes_gluon_for_prefill(monkeypatch):
     """The triton backend's moe_experts runs the Gluon GEMMs for a large-M call on sm_90 (and the Triton
     ones with DAYZERO_MOE_GLUON=0); both outputs within the FP8 bounds of the reference."""

@@ -10,8 +10,9 @@ Same operands, numerics and epilogues as ``gluon_moe_gemm`` (read its docstring 
     promote into acc0, then the same for the second block into acc1 (two 64x128 results held at once
     would not fit in 240 registers with the two accumulators); the other warpgroup's wgmma runs while
     one promotes. A stage is released after both.
-  * a tile whose second 64-row half holds only padding (an expert's run ends in the first half) leaves
-    warpgroup 1 idle for that tile (it only releases the stages); a tile half past N skips its wgmma.
+  * a *half tile* (rows 64-127 all padding: the expert's run ends in the first half): by default the
+    consumers split N for it as in ``gluon_moe_gemm`` (HALF 0); HALF 1 gives it to warpgroup 0 alone;
+    a weight block past N skips its wgmma.
 Gate_up epilogue: a row's 128 h columns (one 1x128 quantization group) are all in one warpgroup, so
 the row amax needs no exchange. Down epilogue: ``(+ b2) * routing weight``, rows scattered to pair order.
 Imported only by ``gluon_moe_gemm_run`` (Gluon path selected).
@@ -160,20 +161,22 @@ def _store_y(acc, bias, w, prow, on, N, num_pairs, c_ptr, stride_cm, st2: gl.con
 
 
 @gluon.jit
-def _consumer0(p, EPI: gl.constexpr, STAGES: gl.constexpr, GROUP_M: gl.constexpr):
-    _consumer(p, 0, EPI, STAGES, GROUP_M)
+def _consumer0(p, EPI: gl.constexpr, STAGES: gl.constexpr, GROUP_M: gl.constexpr, HALF: gl.constexpr):
+    _consumer(p, 0, EPI, STAGES, GROUP_M, HALF)
 
 
 @gluon.jit
-def _consumer1(p, EPI: gl.constexpr, STAGES: gl.constexpr, GROUP_M: gl.constexpr):
-    _consumer(p, 1, EPI, STAGES, GROUP_M)
+def _consumer1(p, EPI: gl.constexpr, STAGES: gl.constexpr, GROUP_M: gl.constexpr, HALF: gl.constexpr):
+    _consumer(p, 1, EPI, STAGES, GROUP_M, HALF)
 
 
 @gluon.jit
-def _consumer(p, WG: gl.constexpr, EPI: gl.constexpr, STAGES: gl.constexpr, GROUP_M: gl.constexpr):
+def _consumer(p, WG: gl.constexpr, EPI: gl.constexpr, STAGES: gl.constexpr, GROUP_M: gl.constexpr,
+              HALF: gl.constexpr):
     """4 warps, every tile of this CTA. Full tile: rows [WG * HM, (WG + 1) * HM), all BN columns. Half
-    tile (rows 64-127 all padding): rows 0-63, weight block WG (the consumers split N, as in
-    ``gluon_moe_gemm``; the gate_up row amax is exchanged through shared memory)."""
+    tile (rows 64-127 all padding): HALF 0: rows 0-63, weight block WG (the consumers split N, as in
+    ``gluon_moe_gemm``; the gate_up row amax is exchanged through shared memory); HALF 1: warpgroup 0
+    alone, as in a full tile, while warpgroup 1 only releases the stages."""
     (a_desc, b_desc, sa_desc, sb_desc, a_bufs, b_bufs, sa_bufs, sb_bufs, ready, empty, xbar, amax_smem, bias_ptr,
      c_ptr, cs_ptr, sorted_ids_ptr, block_expert_ptr, weights_ptr, used_m, N, K, num_pairs, num_kb, stride_biase,
      stride_cm, stride_cs, limit, alpha) = p
@@ -185,8 +188,16 @@ def _consumer(p, WG: gl.constexpr, EPI: gl.constexpr, STAGES: gl.constexpr, GROU
         e = gl.load(block_expert_ptr + pid_m)
         if gl.load(sorted_ids_ptr + pid_m * BM + HM) < num_pairs:          # rows 64-127 hold a routed pair
             it = _full_tile(p, pid_m, pid_n, e, it, WG, EPI, STAGES)
-        else:
+        elif HALF == 0:
             it, hcount = _half_tile(p, pid_m, pid_n, e, it, hcount, WG, EPI, STAGES)
+        elif WG == 0:  # HALF 1: warpgroup 0 alone takes rows 0-63 and both weight blocks
+            it = _full_tile(p, pid_m, pid_n, e, it, 0, EPI, STAGES)
+        else:
+            for kb in range(gl.cdiv(K, BK)):
+                s = it % STAGES
+                mbarrier.wait(ready.index(s), (it // STAGES) & 1)
+                mbarrier.arrive(empty.index(s))
+                it += 1
 
 
 @gluon.jit
@@ -294,7 +305,7 @@ def moe_gemm_ws128_kernel(
     stride_biase, stride_cm, stride_cs,
     limit, alpha,
     EPI: gl.constexpr, STAGES: gl.constexpr, GROUP_M: gl.constexpr, CONSUMER_REGS: gl.constexpr,
-    PRODUCER_REGS: gl.constexpr, num_warps: gl.constexpr,
+    PRODUCER_REGS: gl.constexpr, num_warps: gl.constexpr, HALF: gl.constexpr = 0,
 ):
     a_bufs = gl.allocate_shared_memory(gl.float8e4nv, [STAGES, BM, BK], a_desc.layout)
     b_bufs = gl.allocate_shared_memory(gl.float8e4nv, [STAGES, BN, BK], b_desc.layout)
@@ -314,5 +325,5 @@ def moe_gemm_ws128_kernel(
     p = (a_desc, b_desc, sa_desc, sb_desc, a_bufs, b_bufs, sa_bufs, sb_bufs, ready, empty, xbar, amax_smem, bias_ptr,
          c_ptr, cs_ptr, sorted_ids_ptr, block_expert_ptr, weights_ptr, used_m, N, K, num_pairs, num_kb, stride_biase,
          stride_cm, stride_cs, limit, alpha)
-    gl.warp_specialize([(_consumer0, (p, EPI, STAGES, GROUP_M)), (_consumer1, (p, EPI, STAGES, GROUP_M)),
+    gl.warp_specialize([(_consumer0, (p, EPI, STAGES, GROUP_M, HALF)), (_consumer1, (p, EPI, STAGES, GROUP_M, HALF)),
                         (_producer, (p, EPI, STAGES, GROUP_M))], [4, 1], [CONSUMER_REGS, PRODUCER_REGS])

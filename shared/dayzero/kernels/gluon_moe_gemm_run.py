@@ -45,20 +45,29 @@ class GluonConfig:
                                # tile (not per K step), 2 = same for A (bench_gluon); bm 64 only
     bm: int = 64               # tile rows = align block: 64 (gluon_moe_gemm: the consumers split N) or
                                # 128 (gluon_moe_gemm128: the consumers split M and share the W tile)
+    half: int = 0              # bm 128, tiles whose rows 64-127 are padding: 0 = the consumers split N,
+                               # 1 = warpgroup 0 alone (gluon_moe_gemm128)
 
 
 BM64 = GluonConfig()
 BM128 = dataclasses.replace(BM64, bm=128, group_m=8)  # 128-row tiles (gluon_moe_gemm128), same rows per M group
 DEFAULT = BM64
+# Mean routed rows per local expert from which the registered op takes 128-row tiles (bench/NOTES.md, Gluon
+# run 5: 20B at 8192 tokens = 1024 rows an expert, layer 2.25 -> 2.00 ms; 120B at 8192 = 256 rows, where
+# ~20 % of the blocks are half tiles, 2.60 -> 2.68 ms: slower).
+BM128_MIN_ROWS_PER_EXPERT = 1024
 
 
 def config_for(num_pairs: int, num_experts: int) -> GluonConfig:
     """The configuration the registered op runs for a call of ``num_pairs`` routed pairs over
-    ``num_experts`` local experts: DEFAULT, or the tile rows that DAYZERO_MOE_GLUON_BM (64 or 128) names."""
+    ``num_experts`` local experts: 128-row tiles from BM128_MIN_ROWS_PER_EXPERT rows an expert on average,
+    else 64-row tiles; DAYZERO_MOE_GLUON_BM (64 or 128) forces one."""
     bm = os.environ.get("DAYZERO_MOE_GLUON_BM", "")
     if bm not in ("", "64", "128"):
         raise ValueError(f"DAYZERO_MOE_GLUON_BM must be 64 or 128, got {bm!r}")
-    return {"": DEFAULT, "64": BM64, "128": BM128}[bm]
+    if bm:
+        return BM128 if bm == "128" else BM64
+    return BM128 if num_pairs >= BM128_MIN_ROWS_PER_EXPERT * num_experts else BM64
 
 
 def block_scales_by_k(w_scale: torch.Tensor) -> torch.Tensor:
@@ -99,7 +108,7 @@ def gemm_ws(a: torch.Tensor, a_scale_t: torch.Tensor, w: torch.Tensor, w_scale_k
     consts = dict(EPI=epi, STAGES=cfg.stages, GROUP_M=cfg.group_m, CONSUMER_REGS=cfg.consumer_regs,
                   PRODUCER_REGS=cfg.producer_regs, num_warps=4, maxnreg=cfg.maxnreg)
     if bm == 128:
-        moe_gemm_ws128_kernel[(progs, )](*args, **consts)
+        moe_gemm_ws128_kernel[(progs, )](*args, HALF=cfg.half, **consts)
     else:
         moe_gemm_ws_kernel[(progs, )](*args, DIAG=cfg.diag, **consts)
 
