@@ -86,10 +86,10 @@ def choose_split(requested: int, slots: int, n_tiles: int, K: int, tiles: SplitT
     return max(1, min(triton.cdiv(tiles.target_programs, max(1, slots * n_tiles)), most))
 
 
-def _tickets(experts: ExpertWeights, n: int, dev: torch.device) -> torch.Tensor:
+def _tickets(experts: ExpertWeights, n: int, dev: torch.device, tag: str = "") -> torch.Tensor:
     """Ticket counters kept with the weights (zero between calls: each is reset by its last user),
     so a call needs no memset; calls on the same experts must not run concurrently."""
-    key = f"moe_split_tickets_{n}"
+    key = f"moe_split_tickets_{tag}{n}"
     buf = experts.derived.get(key)
     if buf is None:
         buf = experts.derived[key] = torch.zeros((n,), dtype=torch.int32, device=dev)
