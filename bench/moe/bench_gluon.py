@@ -1,14 +1,16 @@
 """Gluon warp-specialised MoE GEMMs (``gluon_moe_gemm``) beside the Triton large-M kernel, one GPU.
 
-    PYTHONPATH=shared python bench/moe/bench_gluon.py --out DIR [--variants gluon,gluon_s3,...]
+    PYTHONPATH=shared python bench/moe/bench_gluon.py --out DIR [--variants op,gluon64,...]
+        [--balanced-variants ...] [--experts 32,128] [--tokens 8192]       # MOE_GLUON_NAME: file name
     PYTHONPATH=shared python bench/moe/bench_gluon.py --compile [--out DIR]     # no GPU needed
 
-GPU mode writes DIR/moe-gluon.json: per E in (32, 128), 8192 tokens, top-4, random and balanced
-routing: the whole MoE layer, each GEMM (ms, TFLOP/s useful) and the glue stages for each variant
-(``triton_large``: the Triton large-M kernels; ``gluon``: the shipped Gluon default; ``gluon64`` /
-``gluon128*``: 64- / 128-row tiles) on the same weights and routing, with the full / half tile
-counts of 128-row alignments; every output is checked against the torch FP8 reference (rel) and for
-unwritten / non-finite elements (out and y NaN-filled first).
+GPU mode writes DIR/moe-gluon.json: per E (default 32 and 128), 8192 tokens, top-4, random and
+balanced routing: the whole MoE layer, each GEMM (ms, TFLOP/s useful) and the glue stages for each
+variant (``triton_large``: the Triton large-M kernels; ``op``: the Gluon configuration the registered
+op picks for the call, ``config_for``; ``gluon`` = ``gluon64``, ``gluon128*``: 64- / 128-row tiles)
+on the same weights and routing, with the full / half tile counts of 128-row alignments; every output
+is checked against the torch FP8 reference (rel) and for unwritten / non-finite elements (out and y
+NaN-filled first).
 Compile mode compiles both GEMMs for sm_90 with Triton's bundled ptxas (registers, shared memory,
 spills, QGMMA count, setmaxnreg values) and writes DIR/moe-gluon-compile.json.
 """
@@ -25,7 +27,7 @@ import sys
 H = I = 2880
 K_TOP = 4
 LIMIT = 7.0
-DEFAULT_VARIANTS = "gluon,gluon128,gluon128_g4,gluon128_g16"
+DEFAULT_VARIANTS = "op,gluon64,gluon128,gluon128_h1"
 
 
 def _configs() -> dict:
@@ -117,7 +119,7 @@ def moe_layer(res, E: int, T: int, variants: list[str], balanced_variants: list[
     from common import median_ms, random_experts, routing
 
     from dayzero.kernels import torch_ops
-    from dayzero.kernels.gluon_moe_gemm_run import GluonMoeRun
+    from dayzero.kernels.gluon_moe_gemm_run import GluonMoeRun, config_for
     from dayzero.kernels.triton_moe import LARGE, MoeRun
 
     cfgs = _configs()
@@ -131,6 +133,8 @@ def moe_layer(res, E: int, T: int, variants: list[str], balanced_variants: list[
         for var in (variants if not balanced else balanced_variants):
             if var == "triton_large":
                 run = MoeRun(x, w, ids, ex, LIMIT, tiles=LARGE, small=False)
+            elif var == "op":                      # what the registered op runs for this call
+                run = GluonMoeRun(x, w, ids, ex, LIMIT, config_for(ids.numel(), E))
             else:
                 run = GluonMoeRun(x, w, ids, ex, LIMIT, cfgs[var])
             run.out.fill_(float("nan"))
@@ -156,7 +160,7 @@ def main() -> int:
     ap.add_argument("--out", default=os.environ.get("OUT"))
     ap.add_argument("--compile", action="store_true", help="sm_90 compile report only (no GPU)")
     ap.add_argument("--variants", default=DEFAULT_VARIANTS)
-    ap.add_argument("--balanced-variants", default="gluon,gluon128")
+    ap.add_argument("--balanced-variants", default="gluon64,gluon128")
     ap.add_argument("--tokens", type=int, default=8192)
     ap.add_argument("--experts", default="32,128", help="expert counts (one layer shape each)")
     args = ap.parse_args()

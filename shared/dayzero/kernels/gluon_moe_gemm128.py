@@ -25,6 +25,7 @@ from triton.experimental.gluon import language as gl
 from triton.experimental.gluon.language.nvidia.hopper import (fence_async_shared, mbarrier, tma, warpgroup_mma,
                                                               warpgroup_mma_wait)
 
+from .gluon_moe_epi import _pin, _store_h, _store_y, _swiglu
 from .gluon_moe_gemm import _count_used_blocks, _tile_coords
 
 BM = gl.constexpr(128)    # rows of a tile (= the align block)
@@ -121,43 +122,6 @@ def _k_loop1(a_bufs, b_bufs, sa_bufs, sb_bufs, ready, empty, it, nk, j_sb, WG: g
         acc += d * gl.expand_dims(r, 1)
         it += 1
     return acc, it
-
-
-@gluon.jit
-def _pin(x):
-    """x unchanged, through a volatile no-op: the compiler may not sink the promotion that makes x past the
-    next wgmma (both 64x128 results live at once: 256 registers, spills)."""
-    return gl.inline_asm_elementwise("mov.b32 $0, $1;", "=r,r", [x], dtype=gl.float32, is_pure=False, pack=1)
-
-
-@gluon.jit
-def _swiglu(acc, bias, n_ok, limit, alpha):
-    """[HM, WN] gate_up columns (interleaved gate/up) -> h [HM, WN // 2], rounded like the reference."""
-    v = (acc + gl.expand_dims(bias, 0)).to(gl.bfloat16).to(gl.float32)
-    v = gl.where(gl.expand_dims(n_ok, 0), v, 0.0)
-    gate, up = gl.split(gl.reshape(v, [HM, WN // 2, 2]))
-    gate = gl.minimum(gate, limit)
-    up = gl.minimum(gl.maximum(up, -limit), limit)
-    return ((up + 1.0) * (gate / (1.0 + gl.exp(-alpha * gate)))).to(gl.bfloat16).to(gl.float32)
-
-
-@gluon.jit
-def _store_h(h, scale, om, row_ok, oh, N, c_ptr, stride_cm, st: gl.constexpr):
-    q = gl.convert_layout(h, st) / gl.expand_dims(scale, 1)
-    ok = gl.expand_dims(row_ok, 1) & gl.expand_dims(oh < N // 2, 0)
-    ptrs = c_ptr + gl.expand_dims(om.to(gl.int64) * stride_cm, 1) + gl.expand_dims(oh, 0)
-    gl.store(ptrs, q.to(gl.float8e4nv), mask=ok)
-
-
-@gluon.jit
-def _store_y(acc, bias, w, prow, on, N, num_pairs, c_ptr, stride_cm, st2: gl.constexpr):
-    """y rows of one weight block: (acc [HM, WN] + b2) * routing weight (mma layout), bf16, then the
-    store layout; rows scattered to pair order ``prow`` [HM]."""
-    out = (acc + gl.expand_dims(bias, 0)) * gl.expand_dims(w, 1)
-    out = gl.convert_layout(out.to(c_ptr.dtype.element_ty), st2)
-    ok = gl.expand_dims(prow < num_pairs, 1) & gl.expand_dims(on < N, 0)
-    ptrs = c_ptr + gl.expand_dims(prow.to(gl.int64) * stride_cm, 1) + gl.expand_dims(on, 0)
-    gl.store(ptrs, out, mask=ok)
 
 
 @gluon.jit
