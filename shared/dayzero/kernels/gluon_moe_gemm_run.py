@@ -34,7 +34,7 @@ class GluonConfig:
     """Launch configuration of both Gluon GEMMs (registers per thread: 12 warps x maxnreg = the budget
     that setmaxnreg redistributes: two consumer warpgroups and the producer's warpgroup)."""
 
-    stages: int = 4            # TMA ring depth: 40 KB of shared memory per stage
+    stages: int = 4            # TMA ring depth: 40 KB (bm 64) / 48 KB (bm 128) of shared memory per stage
     group_m: int = 16          # M blocks walked together per N sweep (L2 reuse of the weight tiles)
     consumer_regs: int = 232
     producer_regs: int = 40

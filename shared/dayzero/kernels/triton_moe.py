@@ -15,8 +15,10 @@ Two paths (kernel in triton_moe_gemm):
     reads A, like B, by TMA); FP8 x FP8 tensor-core GEMMs with per-128-K-step block scaling
     (triton_moe_gemm_large; moe_gemm_kernel where TMA cannot take the operands); h is quantized to
     FP8 (1x128) inside the gate_up epilogue (tile N = 256 = one 128-wide h group).
-    On Hopper the registered op runs both large-M GEMMs on the Gluon warp-specialised kernel instead
-    (``gluon_prefill``, ``gluon_moe_gemm``; same numerics, 13-15 % faster per layer).
+    On Hopper the registered op runs both large-M GEMMs on the Gluon warp-specialised kernels instead
+    (``gluon_prefill``; same numerics): 64-row tiles (``gluon_moe_gemm``, 13-15 % faster per layer), or
+    128-row tiles sharing the weight tile (``gluon_moe_gemm128``) from 1024 routed rows per expert on
+    average (``gluon_moe_gemm_run.config_for``; 20B prefill at 8192 tokens: another 11 %).
   * small M (decode, bandwidth bound): bf16 activations x FP8 weights widened in registers; h stays
     bf16. Every touched expert's weights are read once per N tile.
 """
@@ -254,9 +256,9 @@ def moe_experts(x: torch.Tensor, weights: torch.Tensor, ids: torch.Tensor, exper
 
 
 def gluon_prefill(x: torch.Tensor, ids: torch.Tensor, num_experts: int) -> bool:
-    """Whether a call's large-M GEMMs run on the Gluon warp-specialised kernel (gluon_moe_gemm, DeepGEMM's
-    structure; bench/NOTES.md "MoE prefill in Gluon": 13-15 % faster per layer at 20B and 120B): on
-    Hopper (sm_90) for large-M calls, unless DAYZERO_MOE_GLUON=0."""
+    """Whether a call's large-M GEMMs run on the Gluon warp-specialised kernels (gluon_moe_gemm and
+    gluon_moe_gemm128, DeepGEMM's structure; bench/NOTES.md "MoE prefill in Gluon"): on Hopper (sm_90)
+    for large-M calls, unless DAYZERO_MOE_GLUON=0 (DAYZERO_MOE_GLUON_BM=64|128 forces the tile rows)."""
     if os.environ.get("DAYZERO_MOE_GLUON", "1") == "0" or not x.is_cuda or interpreting():
         return False
     if ids.numel() < SMALL_ROWS_PER_EXPERT * num_experts:                  # MoeRun's small-M path
