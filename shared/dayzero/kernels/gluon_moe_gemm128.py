@@ -112,7 +112,8 @@ def _k_loop1(a_bufs, b_bufs, sa_bufs, sb_bufs, ready, empty, it, nk, j_sb, WG: g
     for kb in range(nk):
         s = it % STAGES
         mbarrier.wait(ready.index(s), (it // STAGES) & 1)
-        d = warpgroup_mma(a_bufs.index(s).slice(0, HM, dim=0), b_bufs.index(s).slice(WG * WN, WN, dim=0).permute((1, 0)),
+        d = warpgroup_mma(a_bufs.index(s).slice(0, HM, dim=0),
+                          b_bufs.index(s).slice(WG * WN, WN, dim=0).permute((1, 0)),  # [BK, WN], K-major
                           gl.zeros([HM, WN], gl.float32, mma), use_acc=False, is_async=True)
         r = sa_v.index(s).slice(0, HM).load(rows) * gl.sum(gl.where(pick, sb_v.index(s).slice(0, 4).load(l4), 0.0),
                                                             axis=0)
