@@ -1,0 +1,21 @@
+#!/usr/bin/env bash
+# Causal prefill variants on the GPU in one go (issue 5): compile every variant in the background while
+# the prefill GPU tests run (the new variants' file + the prefill cases of test_attention_gpu.py, which
+# cover the shipped default), then time every variant beside the default (bench/attention/prefill_exp.py).
+# Writes $OUT/prefill.log, $OUT/warmup.log and $OUT/prefill_exp.json.
+set -u
+cd "$(dirname "$0")/../.."
+source bench/steps.sh
+bench_env prefill.log
+python3 bench/attention/prefill_exp.py --warmup-only --workers 6 > "$OUT/warmup.log" 2>&1 &
+warm=$!
+xdist=$(python3 -c "import xdist" 2>/dev/null && echo "-n 8")
+nvidia-smi --query-gpu=name,clocks.sm,clocks.max.sm,temperature.gpu,power.draw --format=csv | tee "$log"
+python3 -m pytest -q -p no:cacheprovider --noconftest -o addopts="" $xdist tests/kernels/test_attention_prefill_gpu.py \
+  tests/kernels/test_attention_gpu.py -k "prefill or ragged or other_shapes or random or long or bad" 2>&1 | tee -a "$log"
+tests_rc=${PIPESTATUS[0]}
+wait "$warm"
+python3 bench/attention/prefill_exp.py --out "$OUT" "$@" 2>&1 | tee -a "$log"
+bench_rc=${PIPESTATUS[0]}
+echo "prefill: tests rc=$tests_rc bench rc=$bench_rc" | tee -a "$log"
+[ "$tests_rc" = 0 ] && [ "$bench_rc" = 0 ]

@@ -1,0 +1,89 @@
+"""Causal prefill variants (exp split between MUFU and an FMA-pipe polynomial, lazy O rescale, register
+caps, 64-row tiles: ``bench/attention/prefill_variants.py``) vs the torch reference attention op.
+
+Every variant the timing script measures is checked here, so one that wins can become the default
+with its tests passed in the same device call. Fresh random inputs per case, output poisoned with NaN
+(an unwritten element fails), bf16 relative error per sequence < 1e-2 against the fp32 reference.
+Beside the ragged/paged cases: scores spread far beyond 2^-125 (the polynomial's clamp) and row maxima
+that keep growing along the keys (every lazy-rescale branch taken and skipped).
+On the CPU: ``TRITON_INTERPRET=1 DAYZERO_KERNEL_TEST_DEVICE=cpu pytest --noconftest ...`` (fp16 inputs,
+as bf16 dots are broken in the interpreter; a few variants, small shapes).
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import pathlib
+
+import pytest
+import torch
+
+from gpu_util import DEV
+
+pytest.importorskip("triton", reason="the Triton kernels need triton (GPU machines)")  # CI: skip at collection
+pytestmark = [pytest.mark.gpu,
+              pytest.mark.skipif(DEV == "cuda" and not torch.cuda.is_available(), reason="needs a CUDA GPU")]
+
+from dayzero.kernels import torch_attention as ref_ops  # noqa: E402
+from dayzero.kernels.triton_attention_cases import make_case, seq_errors  # noqa: E402
+
+TOL = 1e-2
+DTYPE = torch.bfloat16 if DEV == "cuda" else torch.float16
+_spec = importlib.util.spec_from_file_location(
+    "prefill_variants", pathlib.Path(__file__).resolve().parents[2] / "bench" / "attention" / "prefill_variants.py")
+_mod = importlib.util.module_from_spec(_spec)
+_spec.loader.exec_module(_mod)
+VARIANTS = _mod.VARIANTS if DEV == "cuda" else {
+    k: v for k, v in _mod.VARIANTS.items() if k in ("lazy8_poly8", "cols2_d2", "poly4")}
+
+
+def _case(q_lens, cached, **kw):
+    return make_case(q_lens, cached, dtype=DTYPE, device=DEV, **kw)
+
+
+def _check(case, cfg: dict) -> list[float]:
+    from dayzero.kernels.triton_attention import attention
+
+    ref = ref_ops.attention(*case.args())
+    out = torch.full_like(case.q, float("nan"))
+    res = attention(*case.args(), out=out, config=dict(KERNEL="flash", **cfg))
+    if DEV == "cuda":
+        torch.cuda.synchronize()
+    assert res is out
+    assert not out.isnan().any(), "some output elements were never written (or NaN leaked in)"
+    errs = seq_errors(out, ref, case.cu_seqlens_q)
+    assert max(errs) < TOL, errs
+    return errs
+
+
+@pytest.mark.parametrize("variant", list(VARIANTS))
+@pytest.mark.parametrize("window", [0, 128])
+def test_ragged_paged(variant, window):
+    """Ragged new tokens after ragged paged prefixes (every tile phase: window edge, full, diagonal)."""
+    big = DEV == "cuda"
+    q_lens = [1, 200, 64, 1100, 17] if big else [1, 150, 300]
+    cached = [0, 300, 127, 0, 1000] if big else [0, 70, 0]
+    _check(_case(q_lens, cached, window=window, sinks="mixed", seed=31 + window), VARIANTS[variant])
+
+
+@pytest.mark.parametrize("variant", list(VARIANTS))
+def test_long_and_extreme_scores(variant):
+    cfg = VARIANTS[variant]
+    n = 2048 if DEV == "cuda" else 384
+    _check(_case([n], [0], sinks="normal", seed=5), cfg)
+    # scores spread over hundreds of log2 units: most probabilities far below the polynomial's 2^-125 clamp
+    case = _case([n, 3], [0, 40], sinks="mixed", seed=6)
+    case.q.mul_(40.0)
+    _check(case, cfg)
+    # keys that grow along the sequence: each row's max keeps rising, so lazy rescales happen mid-row
+    case = _case([n], [0], sinks="large", seed=7)
+    ramp = torch.linspace(0.2, 4.0, n, device=DEV, dtype=torch.float32)[:, None, None]
+    case.k.copy_((case.k.float() * ramp).to(case.k.dtype))
+    _check(case, cfg)
+
+
+def test_bad_exp_config_is_refused():
+    case = _case([70], [0], seed=1)
+    for bad in (dict(EXP_COLS=3), dict(EXP_POLY=-1), dict(POLY_DEG=5)):
+        with pytest.raises(ValueError):
+            _check(case, bad)
