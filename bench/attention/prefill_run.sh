@@ -2,7 +2,7 @@
 # Causal prefill variants on the GPU in one go (issue 5): compile every variant in the background while
 # the prefill GPU tests run (the new variants' file + the prefill cases of test_attention_gpu.py, which
 # cover the shipped default), then time every variant beside the default (bench/attention/prefill_exp.py).
-# Writes $OUT/prefill.log, $OUT/warmup.log and $OUT/prefill_exp.json.
+# Tests are capped at PREFILL_TEST_S seconds (default 80). Writes $OUT/prefill.log, $OUT/warmup.log and $OUT/prefill_exp.json.
 set -u
 cd "$(dirname "$0")/../.."
 source bench/steps.sh
@@ -11,7 +11,7 @@ python3 bench/attention/prefill_exp.py --warmup-only --workers 6 > "$OUT/warmup.
 warm=$!
 xdist=$(python3 -c "import xdist" 2>/dev/null && echo "-n 8")
 nvidia-smi --query-gpu=name,clocks.sm,clocks.max.sm,temperature.gpu,power.draw --format=csv | tee "$log"
-python3 -m pytest -q -p no:cacheprovider --noconftest -o addopts="" $xdist tests/kernels/test_attention_prefill_gpu.py \
+timeout "${PREFILL_TEST_S:-80}" python3 -m pytest -q -p no:cacheprovider --noconftest -o addopts="" $xdist tests/kernels/test_attention_prefill_gpu.py \
   tests/kernels/test_attention_gpu.py -k "prefill or ragged or other_shapes or random or long or bad" 2>&1 | tee -a "$log"
 tests_rc=${PIPESTATUS[0]}
 wait "$warm"
