@@ -152,6 +152,7 @@ def main() -> int:
     ap = argparse.ArgumentParser()
     ap.add_argument("--out", default=os.environ.get("OUT", "."))
     ap.add_argument("--quick", action="store_true")
+    ap.add_argument("--ts", default="", help="token counts to time, e.g. 1,2 (default: all, or --quick's)")
     ap.add_argument("--jobs", type=int, default=14, help="compile worker processes (0: compile while timing)")
     args = ap.parse_args()
     res = Results("moe-small")
@@ -160,7 +161,8 @@ def main() -> int:
     ms = median_ms(lambda: b.copy_(a))
     res.add(section="ceiling", name="copy_1GiB", ms=ms, tbs=2 * a.numel() / ms / 1e9)
     del a, b
-    Ts = (1, 4, 16, 64) if args.quick else (1, 2, 4, 8, 16, 32, 64)
+    Ts = tuple(int(t) for t in args.ts.split(",")) if args.ts else (1, 4, 16, 64) if args.quick else \
+        (1, 2, 4, 8, 16, 32, 64)
     if args.jobs:
         res.section("precompile", precompile, [(E, T) for E in (32, 128) for T in Ts], args.jobs)
     res.section("sweep_E32", sweep, 32, Ts, args.out)

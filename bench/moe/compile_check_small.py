@@ -76,7 +76,7 @@ def split_configs(labels=None):
                 if kern is S.down_kernel:
                     consts["FUSE"] = fused
                 warps = t.warps_down or t.warps if kern is S.down_kernel else t.warps
-                yield f"{name} {label} {'T1' if fused else 'T64'}", kern, consts, warps, t.stages, 0
+                yield f"{name} {label} {'T1' if fused else 'T64'}", kern, consts, warps, t.stages, t.maxnreg
 
 
 def stream_configs(labels=None):

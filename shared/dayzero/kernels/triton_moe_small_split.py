@@ -50,6 +50,7 @@ class SplitTiles:
     # up to this many pairs (T * k) slots are pairs (leader scan in-kernel, no plan launch) and down
     # does the combine itself (tickets); above it the plan launch and the combine launch run
     fuse_max_pairs: int = 32
+    maxnreg: int = 0             # register cap per thread (0: none), for more programs per SM
 
 
 # Candidate launch configurations (the GPU tests check each; the bench times each at every T).
@@ -59,10 +60,19 @@ class SplitTiles:
 # bn128 86 (run 3: 209 at bn32). Dropped after run 4 (slower at every T): bn32, 2-warp and 8-warp
 # tiles, twice the K splits, bf16 h, unfused at T = 1. Run 5 (A rows masked again): bn64 fastest from
 # T = 2 on, g64_d128 at T = 1, bn128 nowhere.
+# Session 4 (run 6 ncu of the T = 1 gate_up: 4 programs = 16 warps per SM, 7.7 cycles per issued
+# instruction, DRAM 37 % busy: latency-bound warps) -> run 7 candidates for T = 1 with more programs per
+# SM (sm_90 compile at T = 1): o5 = g64_d128, 3 stages, <= 96 registers: 5 per SM (gate_up 6 / down 30
+# spill instructions); o6 = 2 stages, <= 80: 6 per SM (24 / 74); k1 = gate_up bn32 unsplit (720
+# programs, each a whole row range from K = 0: tests whether K-split programs reading different K
+# offsets at once cost DRAM efficiency).
 VARIANTS = {
     "bn64": SplitTiles(bn_gate_up=64, bn_down=64),
     "bn128": SplitTiles(bn_gate_up=128, bn_down=128),
     "g64_d128": SplitTiles(bn_gate_up=64, bn_down=128),
+    "o5": SplitTiles(bn_gate_up=64, bn_down=128, stages=3, maxnreg=96),
+    "o6": SplitTiles(bn_gate_up=64, bn_down=128, stages=2, maxnreg=80),
+    "k1": SplitTiles(bn_gate_up=32, bn_down=128, split_gate_up=1),
 }
 
 
@@ -137,7 +147,8 @@ class MoeSplit:
         self.y = torch.empty((self.s2, self.P, H), dtype=torch.float32, device=dev)       # per split, pair
         self.out = torch.empty((T, H), dtype=x.dtype, device=dev)
         self.launch = dict(TOPK=self.k, BM=t.bm, BK_=BK, H16=t.h16, TB=self.tb, PB=self.pb, PLAN=not self.fused,
-                           ONE_CHUNK=T <= t.bm, DOT_F32=interpreting(), num_stages=t.stages)
+                           ONE_CHUNK=T <= t.bm, DOT_F32=interpreting(), num_stages=t.stages,
+                           **({"maxnreg": t.maxnreg} if t.maxnreg and not interpreting() else {}))
 
     def plan(self) -> None:
         if self.fused:
