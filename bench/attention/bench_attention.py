@@ -23,6 +23,7 @@ sys.path.insert(0, str(pathlib.Path(__file__).resolve().parent))
 from attn_common import BS, D, HKV, HQ, bf16_gemm_tflops, copy_bandwidth, graph_time_ms, run_meta  # noqa: E402
 from attn_common import decode_problem, single_sequence, sink_reference_rows, time_ms  # noqa: E402
 
+from bench_decode_big import bench_decode_big  # noqa: E402
 from bench_decode_small import bench_decode_small  # noqa: E402
 from bench_window_probe import bench_window_probe  # noqa: E402
 
@@ -61,18 +62,23 @@ WINDOW_CFGS = {
     "win_r64w4_tma_reg96": _wcfg(64, 4, maxnreg=96),
     "win_r128w8_tma": _wcfg(128, 8),
 }
-DECODE_CFGS = {  # the default has PDL off (triton_attention_decode's docstring); _nopdl / _pdl force it
+DECODE_CFGS = {  # the default folds the merge into the split kernel (one launch); _2k: split + combine
     "n128w4s3": dict(BLOCK_N=128, num_warps=4, num_stages=3),
-    "n128w4s3_nopdl": dict(BLOCK_N=128, num_warps=4, num_stages=3, PDL=False),
-    "n128w4s3_pdl": dict(BLOCK_N=128, num_warps=4, num_stages=3, PDL=True),
-    "n64w4s3": dict(BLOCK_N=64, num_warps=4, num_stages=3),
-    "n64w4s3_pdl": dict(BLOCK_N=64, num_warps=4, num_stages=3, PDL=True),
-    "n256w8s3_pdl": dict(BLOCK_N=256, num_warps=8, num_stages=3, PDL=True),
+    "n128w4s3_2k": dict(BLOCK_N=128, num_warps=4, num_stages=3, FOLD=False, PDL=False),
+    "fold_c8": dict(BLOCK_N=128, num_warps=4, num_stages=3, CHUNK=8),
+    "fold_c4_nocap": dict(BLOCK_N=128, num_warps=4, num_stages=3, CHUNK=4, maxnreg=0),
+    "fold_bf16": dict(BLOCK_N=128, num_warps=4, num_stages=3, PART_BF16=True),
+    "fold_n64": dict(BLOCK_N=64, num_warps=4, num_stages=3),
+    "fold_strided_s2": dict(BLOCK_N=128, num_warps=4, num_stages=2, STRIDED=True),
+    "fold_strided_n64": dict(BLOCK_N=64, num_warps=4, num_stages=3, STRIDED=True),
+    "fold_strided": dict(BLOCK_N=128, num_warps=4, num_stages=3, STRIDED=True),
+    "n128w4s3_2k_pdl": dict(BLOCK_N=128, num_warps=4, num_stages=3, FOLD=False, PDL=True),
 }
+SWEPT = {"fold_strided_s2", "fold_strided_n64"}  # also timed at every split count at B = 1
 WINDOW_DECODE_CFGS = {
     "n64w4s2": dict(BLOCK_N=64, num_warps=4, num_stages=2),
-    "n64w4s2_nopdl": dict(BLOCK_N=64, num_warps=4, num_stages=2, PDL=False),
-    "n64w4s2_pdl": dict(BLOCK_N=64, num_warps=4, num_stages=2, PDL=True),
+    "n64w4s2_2k": dict(BLOCK_N=64, num_warps=4, num_stages=2, FOLD=False, PDL=False),
+    "n64w4s2_2k_pdl": dict(BLOCK_N=64, num_warps=4, num_stages=2, FOLD=False, PDL=True),
 }
 WINDOW = 128
 
@@ -214,10 +220,13 @@ def bench_decode(rows, ceil_bw, quick, sweep, only_batches=None):
             splits |= {s for s in wide if s <= triton.cdiv(min(L, window or L), 64)}
         table = WINDOW_DECODE_CFGS if window else DECODE_CFGS
         first = next(iter(table))
-        cfgs = list(table) if not quick else [first, first + "_nopdl"]
+        # alternatives at B <= 8 only (from B = 64 on the heuristic picks one split: one kernel for all)
+        cfgs = list(table) if not quick and B <= 8 else [first, first + "_2k"]
+        if splits == {1}:
+            cfgs = [first]  # one split: the same single kernel whatever the merge config
         for name in cfgs:
             for ns in sorted(splits):
-                if name != first and ns != heur:
+                if ns != heur and not (name == first or (B == 1 and name in SWEPT)):
                     continue
                 fns = [lambda t=tables[r], cfg=table[name], ns=ns: attention(
                     q, k, v, k_pool, v_pool, t, cu, cl, sinks, SCALE, window, max_seqlen_q=1, num_splits=ns,
@@ -237,8 +246,8 @@ def bench_decode(rows, ceil_bw, quick, sweep, only_batches=None):
         top = min(here, key=lambda r: r["us"])
         dflt = [r for r in here if r["config"] == first and r["num_splits"] == heur][0]
         dflt["eager_us"] = eager_us
-        nopdl = [r for r in here if r["config"] == first + "_nopdl" and r["num_splits"] == heur]
-        pdl_txt = f"without PDL {nopdl[0]['us']:7.1f} us | " if nopdl else ""
+        two = [r for r in here if r["config"] == first + "_2k" and r["num_splits"] == heur]
+        pdl_txt = f"two kernels {two[0]['us']:7.1f} us | " if two else ""
         rows.append(f"decode B={B:>3} ctx={L:>6} W={window or 'full':>4}: default {dflt['us']:7.1f} us "
                     f"{dflt['tbps']:5.2f} TB/s | {pdl_txt}best {top['config']}/s{top['num_splits']} {top['us']:7.1f} us "
                     f"{top['tbps']:5.2f} TB/s ({top['frac_copy_bw']:.0%} of copy) | eager {eager_us:6.1f} us")
@@ -272,11 +281,12 @@ def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__)
     ap.add_argument("--out", default=os.environ.get("OUT", "."))
     ap.add_argument("--quick", action="store_true", help="one config per kernel, no 128k")
-    ap.add_argument("--skip", default="", help="comma list of sections to skip: prefill,sdpa,chunked,probe,decode1,decode,store")
+    ap.add_argument("--skip", default="", help="comma list of sections to skip: prefill,sdpa,chunked,probe,decode1,decode,decode_big,store")
     ap.add_argument("--windows", default="0,128", help="prefill/chunked rows to run: 0 (full causal), 128")
     ap.add_argument("--decode-sweep", action="store_true", help="split counts 1..128 at B <= 16")
     ap.add_argument("--decode-batches", default="", help="comma list: only these decode batch sizes")
     ap.add_argument("--decode1", action="store_true", help="batch 1/8 decode: configs x splits, split kernel alone")
+    ap.add_argument("--decode-big", action="store_true", help="B=64/256 at 128k: 1 / 2 / 4 splits, fold vs two kernels")
     ap.add_argument("--prefill-cfgs", default="", help="comma list: prefill/window configs to time besides the default")
     a = ap.parse_args()
     skip = set(filter(None, a.skip.split(",")))
@@ -295,6 +305,7 @@ def main() -> int:
                 ("decode1", lambda: bench_decode_small(rows, bw) if a.decode1 else []),
                 ("decode", lambda: bench_decode(rows, bw, a.quick, a.decode_sweep,
                                                 {int(b) for b in a.decode_batches.split(",") if b})),
+                ("decode_big", lambda: bench_decode_big(rows, bw) if a.decode_big else []),
                 ("store", lambda: bench_store(rows, bw))]
     for name, fn in sections:
         if name in skip:

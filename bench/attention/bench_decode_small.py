@@ -15,10 +15,10 @@ from dayzero.kernels.triton_attention_decode import DecodePlan, choose_num_split
 from dayzero.kernels.triton_attention import attention
 
 SCALE = D ** -0.5
-CFGS = {  # PDL forced off / on (the shipped default turns it on whenever the KV is split)
-    "n128w4s3": dict(BLOCK_N=128, num_warps=4, num_stages=3, PDL=False),
+CFGS = {  # the two-kernel path (split + combine), PDL forced off / on
+    "n128w4s3": dict(BLOCK_N=128, num_warps=4, num_stages=3, PDL=False, FOLD=False),
     "n128w4s3_pdl": dict(BLOCK_N=128, num_warps=4, num_stages=3, PDL=True),
-    "n64w4s3": dict(BLOCK_N=64, num_warps=4, num_stages=3, PDL=False),
+    "n64w4s3": dict(BLOCK_N=64, num_warps=4, num_stages=3, PDL=False, FOLD=False),
     "n64w4s3_pdl": dict(BLOCK_N=64, num_warps=4, num_stages=3, PDL=True),
     "n256w8s3_pdl": dict(BLOCK_N=256, num_warps=8, num_stages=3, PDL=True),
 }

@@ -18,13 +18,13 @@ from triton.compiler.compiler import ASTSource
 sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[1]))
 from sm90 import build_sm90  # noqa: E402
 FLOATS = {"qk_scale", "scale"}
-NOT_DIV16 = {"window", "num_splits", "stride_ot", "total_tiles", "n_tiles", "cached_max"}
+NOT_DIV16 = {"window", "num_splits", "bt_cols", "stride_ot", "total_tiles", "n_tiles", "cached_max"}
 
 
 def _ptr_type(name: str) -> str:
     if name in ("bt_ptr", "cu_ptr", "cl_ptr", "cnt_ptr", "tile_ptr"):
         return "*i32"
-    if name in ("sink_ptr", "mp_ptr", "lp_ptr", "op_ptr"):
+    if name in ("sink_ptr", "mp_ptr", "lp_ptr", "op_ptr"):  # (op_ptr: bf16 with PART_BF16; fp32 here)
         return "*fp32"
     return "*bf16"
 
@@ -62,6 +62,17 @@ def decode_rows():
         yield check(K._combine_kernel, dict(GROUP=8, HEAD_D=64, S_P2=64, PDL=pdl), 1, 3)
 
 
+def fold_rows():
+    from dayzero.kernels import triton_attention_fold as F
+    base = dict(GROUP=8, G_P2=16, G_C=8, BS=16, HEAD_D=64, HAS_WINDOW=False, SYNC=True, PART_BF16=False,
+                STRIDED=False)
+    for bn, chunk, bf16, mx in ((128, 8, False, 128), (128, 4, False, 0), (128, 8, False, 0), (128, 16, False, 128),
+                                (128, 8, True, 128), (128, 16, True, 128), (64, 8, False, 0)):
+        yield check(F._decode_fold_kernel, dict(base, BLOCK_N=bn, CHUNK=chunk, PART_BF16=bf16), 4, 3, maxnreg=mx)
+    yield check(F._decode_fold_kernel, dict(base, BLOCK_N=128, CHUNK=16, STRIDED=True), 4, 3, maxnreg=128)
+    yield check(F._decode_fold_kernel, dict(base, HAS_WINDOW=True, BLOCK_N=64, CHUNK=2), 4, 2)
+
+
 def window_rows():
     from dayzero.kernels import triton_attention_window as W
     base = dict(GROUP=8, TOK_N=16, WIN_N=128, BS=16, HEAD_D=64)
@@ -69,8 +80,8 @@ def window_rows():
 
 
 def main() -> int:
-    which = set(sys.argv[1:]) or {"decode", "window"}
-    rows = {"decode": decode_rows, "window": window_rows}
+    which = set(sys.argv[1:]) or {"decode", "fold", "window"}
+    rows = {"decode": decode_rows, "fold": fold_rows, "window": window_rows}
     for name, fn in rows.items():
         if name in which:
             for r in fn():

@@ -113,6 +113,14 @@ def test_decode_split_kv(window, num_splits):
 
 DECODE_VARIANTS = {  # the decode configs the benchmark may pick (PDL: programmatic dependent launch;
     "nopdl": dict(PDL=False),  # the default since the graph-vs-eager finding; "pdl" forces it on)
+    "two_kernel": dict(FOLD=False),  # split + combine kernels (the default before the fold)
+    "fold_c4_nocap": dict(CHUNK=4, maxnreg=0),
+    "fold_c8": dict(CHUNK=8),
+    "fold_bf16": dict(PART_BF16=True),
+    "fold_n64": dict(BLOCK_N=64),
+    "fold_strided": dict(STRIDED=True),
+    "fold_strided_s2": dict(STRIDED=True, num_stages=2),
+    "fold_strided_n64": dict(STRIDED=True, BLOCK_N=64),
     "pdl": dict(PDL=True),
     "n64_pdl": dict(BLOCK_N=64, PDL=True),
     "n256w8_pdl": dict(BLOCK_N=256, num_warps=8, PDL=True),
@@ -128,6 +136,30 @@ def test_decode_variants(variant, window):
     case = make_case(q_lens, cached, window=window, sinks="mixed", seed=51 + window)
     for ns in (1, 3, 64, 132):
         _check(case, max_seqlen_q=1, num_splits=ns, config=DECODE_VARIANTS[variant])
+
+
+def _tickets_zero(device) -> bool:
+    from dayzero.kernels.triton_attention_fold import TICKETS
+
+    t = TICKETS.counters.get(device)
+    return t is None or int(t.abs().sum()) == 0
+
+
+@pytest.mark.parametrize("window", [0, 128])
+def test_decode_fold_deterministic_and_tickets_reset(window):
+    """The folded merge reads the splits in a fixed order: repeated calls are bitwise equal whatever
+    order the programs finished in; and every ticket counter is back at zero after each call
+    (a counter left behind would make the next call's merge fire early or never)."""
+    from dayzero.kernels.triton_attention import attention
+
+    cached = [5000, 40000, 17, 1, 129, 3000, 800, 0]
+    case = make_case([1] * len(cached), cached, window=window, sinks="mixed", seed=61 + window)
+    for ns in (2, 13, 64):
+        _check(case, max_seqlen_q=1, num_splits=ns)
+        outs = [attention(*case.args(), max_seqlen_q=1, num_splits=ns) for _ in range(20)]
+        torch.cuda.synchronize()
+        assert _tickets_zero(case.q.device)
+        assert all(torch.equal(o, outs[0]) for o in outs), f"num_splits={ns}: runs differ"
 
 
 @pytest.mark.parametrize("sinks", ["neg", "large"])
@@ -195,6 +227,7 @@ def test_decode_cuda_graph_replay(pdl):
             ref = ref_ops.attention(ref, *case.args()[1:])
         assert not out.isnan().any()
         assert max(seq_errors(out, ref, case.cu_seqlens_q)) < TOL
+        assert _tickets_zero(case.q.device)
 
 
 def test_store_kv_matches_reference():

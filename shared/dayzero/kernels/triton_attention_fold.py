@@ -1,0 +1,214 @@
+"""Triton split-KV decode attention in ONE launch: the splits are merged inside the split kernel.
+
+Grid ``(num_splits, Hkv, B)`` as in triton_attention_decode.py: one program reads one slice of one
+sequence's cached keys of one KV head for all ``GROUP`` query heads of that KV head. Differences:
+  * split 0 also takes the new token's own key/value and the sink into its partial, so the sink is
+    counted exactly once and the merge is a plain merge of partials;
+  * every program writes its partial ``(m, l, acc)`` (fp32, laid out ``[B, Hkv, S, GROUP(, D)]``),
+    then takes a ticket from its (sequence, KV head) counter (``atomic_add``, acq_rel, after a
+    gpu-scope fence in every thread and a CTA barrier). The program that draws the last ticket
+    resets the counter to zero, reads the ``S`` partials back from L2 (``.cg``: not from a stale L1)
+    in chunks of ``CHUNK`` splits with an online rescale, and writes the output.
+So there is no combine launch and no second grid to wait for (PDL is moot here). The counters live
+in a per-device int32 workspace that is zero before and after every call (no memset, no host sync,
+fixed shapes per batch: CUDA-graph safe). Calls must not run concurrently on two streams of one
+device (the engine runs one forward at a time).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import torch
+import triton
+import triton.language as tl
+
+from .triton_gemv import _fence_gpu
+
+
+@triton.jit
+def _decode_fold_kernel(q_ptr, k_ptr, v_ptr, kc_ptr, vc_ptr, bt_ptr, cu_ptr, cl_ptr, sink_ptr,
+                        o_ptr, mp_ptr, lp_ptr, op_ptr, cnt_ptr,
+                        stride_qt, stride_qh, stride_kt, stride_kh, stride_vt, stride_vh,
+                        stride_kcb, stride_kct, stride_kch, stride_vcb, stride_vct, stride_vch,
+                        stride_bt, stride_ot, stride_oh,
+                        qk_scale, window, num_splits, bt_cols,
+                        GROUP: tl.constexpr, G_P2: tl.constexpr, G_C: tl.constexpr, BS: tl.constexpr,
+                        HEAD_D: tl.constexpr, BLOCK_N: tl.constexpr, HAS_WINDOW: tl.constexpr,
+                        CHUNK: tl.constexpr, PART_BF16: tl.constexpr, STRIDED: tl.constexpr, SYNC: tl.constexpr):
+    s = tl.program_id(0)
+    hkv = tl.program_id(1)
+    b = tl.program_id(2)
+    n_kv = tl.num_programs(1)
+    offs_n = tl.arange(0, BLOCK_N)
+    bt_row = bt_ptr + b.to(tl.int64) * stride_bt
+    q_row = tl.load(cu_ptr + b)
+    q_len = tl.load(cu_ptr + b + 1) - q_row
+    ctx = tl.load(cl_ptr + b)   # before the branch: the three loads overlap (one latency, not two)
+    if STRIDED:  # the first tile's pages, read before ctx is known (only the table's width bounds it)
+        col0 = (s * BLOCK_N + offs_n) // BS
+        blk_nx = tl.load(bt_row + col0, mask=col0 < bt_cols, other=0)
+    if q_len == 0:  # every program of this sequence leaves here: no ticket is taken
+        return
+    if HAS_WINDOW:
+        lo = tl.maximum(ctx + 1 - window, 0)
+    else:
+        lo = 0
+    lo_al = lo // BLOCK_N * BLOCK_N
+    tiles = tl.cdiv(ctx - lo_al, BLOCK_N)
+    per = tl.cdiv(tiles, num_splits) * BLOCK_N
+    start = lo_al + s * per
+    stop = tl.minimum(start + per, ctx)
+
+    offs_g = tl.arange(0, G_P2)
+    offs_d = tl.arange(0, HEAD_D)
+    g_ok = offs_g < GROUP
+    heads = hkv * GROUP + offs_g                                 # [G] query heads of this KV head
+    q_row64 = q_row.to(tl.int64)
+    q = tl.load(q_ptr + q_row64 * stride_qt + heads[:, None] * stride_qh + offs_d[None, :],
+                mask=g_ok[:, None], other=0.0)                  # [G, D]
+    m_i = tl.zeros([G_P2], dtype=tl.float32) - 1.0e30
+    l_i = tl.zeros([G_P2], dtype=tl.float32)
+    acc = tl.zeros([G_P2, HEAD_D], dtype=tl.float32)
+
+    kc_head = kc_ptr + hkv * stride_kch
+    vc_head = vc_ptr + hkv * stride_vch
+    if STRIDED:  # program s takes tiles s, s + S, s + 2S, ... (full attention only: lo == 0)
+        first = s * BLOCK_N
+        step = num_splits * BLOCK_N
+        last = ctx
+    else:        # program s takes one contiguous run of tiles
+        first = start
+        step = BLOCK_N
+        last = stop
+    for n0 in range(first, last, step):
+        pos = n0 + offs_n
+        ok = (pos >= lo) & (pos < ctx)
+        if STRIDED:
+            blk = blk_nx.to(tl.int64)
+            nxt = pos + step
+            blk_nx = tl.load(bt_row + nxt // BS, mask=nxt < ctx, other=0)  # the next tile's pages
+        else:
+            blk = tl.load(bt_row + pos // BS, mask=ok, other=0).to(tl.int64)
+        slot = (pos % BS).to(tl.int64)
+        kt = tl.load(kc_head + (blk * stride_kcb + slot * stride_kct)[:, None] + offs_d[None, :],
+                     mask=ok[:, None], other=0.0)               # [BN, D]
+        vt = tl.load(vc_head + (blk * stride_vcb + slot * stride_vct)[:, None] + offs_d[None, :],
+                     mask=ok[:, None], other=0.0)
+        qk = tl.dot(q, tl.trans(kt)) * qk_scale                  # [G, BN]
+        qk = tl.where(ok[None, :], qk, float("-inf"))
+        m_new = tl.maximum(m_i, tl.max(qk, 1))
+        p = tl.math.exp2(qk - m_new[:, None])
+        alpha = tl.math.exp2(m_i - m_new)
+        l_i = l_i * alpha + tl.sum(p, 1)
+        acc = acc * alpha[:, None] + tl.dot(p.to(vt.dtype), vt)
+        m_i = m_new
+
+    if s == 0:  # the new token's own key/value (position ctx) and the sink: split 0 only
+        kn = tl.load(k_ptr + q_row64 * stride_kt + hkv * stride_kh + offs_d).to(tl.float32)  # [D]
+        vn = tl.load(v_ptr + q_row64 * stride_vt + hkv * stride_vh + offs_d).to(tl.float32)
+        sn = tl.sum(q.to(tl.float32) * kn[None, :], 1) * qk_scale                         # [G]
+        sink = tl.load(sink_ptr + heads, mask=g_ok, other=0.0).to(tl.float32) * 1.4426950408889634
+        m_new = tl.maximum(tl.maximum(m_i, sn), sink)
+        alpha = tl.math.exp2(m_i - m_new)
+        pn = tl.math.exp2(sn - m_new)
+        l_i = l_i * alpha + pn + tl.math.exp2(sink - m_new)
+        acc = acc * alpha[:, None] + pn[:, None] * vn[None, :]
+        m_i = m_new
+
+    seq_head = (b * n_kv + hkv).to(tl.int64)
+    row = (seq_head * num_splits + s) * GROUP + offs_g                        # [G] partial rows
+    tl.store(mp_ptr + row, m_i, mask=g_ok)
+    tl.store(lp_ptr + row, l_i, mask=g_ok)
+    if PART_BF16:  # normalised partial output in bf16 (half the bytes the merge reads back)
+        part = acc / tl.where(l_i > 0, l_i, 1.0)[:, None]
+    else:
+        part = acc
+    tl.store(op_ptr + row[:, None] * HEAD_D + offs_d[None, :], part.to(op_ptr.dtype.element_ty), mask=g_ok[:, None])
+    if SYNC:  # every thread's partial is at L2 before the ticket (no inline asm in the interpreter)
+        _fence_gpu(offs_g)
+    tl.debug_barrier()
+    cnt = cnt_ptr + seq_head
+    ticket = tl.atomic_add(cnt, 1, sem="acq_rel")
+    if ticket == num_splits - 1:
+        # the last program of this (sequence, KV head): merge the S partials of its GROUP heads
+        tl.atomic_xchg(cnt, 0, sem="relaxed")
+        if SYNC:
+            _fence_gpu(offs_g)
+        offs_c = tl.arange(0, G_C)
+        offs_k = tl.arange(0, CHUNK)
+        c_ok = offs_c < GROUP
+        m_all = tl.zeros([G_C], dtype=tl.float32) - 1.0e30
+        l_all = tl.zeros([G_C], dtype=tl.float32)
+        o_all = tl.zeros([G_C, HEAD_D], dtype=tl.float32)
+        for s0 in range(0, num_splits, CHUNK):
+            sp = s0 + offs_k
+            ok2 = (sp < num_splits)[:, None] & c_ok[None, :]                       # [C, G]
+            prow = (seq_head * num_splits + sp)[:, None] * GROUP + offs_c[None, :]  # [C, G]
+            m_c = tl.load(mp_ptr + prow, mask=ok2, other=-1.0e30, cache_modifier=".cg")
+            l_c = tl.load(lp_ptr + prow, mask=ok2, other=0.0, cache_modifier=".cg")
+            o_c = tl.load(op_ptr + prow[:, :, None] * HEAD_D + offs_d[None, None, :], mask=ok2[:, :, None],
+                          other=0.0, cache_modifier=".cg")                          # [C, G, D]
+            m_new = tl.maximum(m_all, tl.max(m_c, 0))
+            alpha = tl.math.exp2(m_all - m_new)
+            w = tl.math.exp2(m_c - m_new[None, :])                                  # [C, G]
+            wl = l_c * w
+            l_all = l_all * alpha + tl.sum(wl, 0)
+            if PART_BF16:  # the partial is acc / l
+                w = wl
+            o_all = o_all * alpha[:, None] + tl.sum(o_c.to(tl.float32) * w[:, :, None], 0)
+            m_all = m_new
+        out = o_all / l_all[:, None]
+        tl.store(o_ptr + q_row64 * stride_ot + (hkv * GROUP + offs_c)[:, None] * stride_oh + offs_d[None, :],
+                 out.to(o_ptr.dtype.element_ty), mask=c_ok[:, None])
+
+
+@dataclass
+class TicketPool:
+    """Per-device int32 ticket counters, zero between calls (one per (sequence, KV head)). Grown only
+    outside CUDA-graph capture: a graph must replay against memory that outlives it."""
+
+    counters: dict = field(default_factory=dict)   # device -> int32 tensor of zeros
+
+    def get(self, device: torch.device, n: int) -> torch.Tensor | None:
+        have = self.counters.get(device)
+        if have is not None and have.numel() >= n:
+            return have
+        if device.type == "cuda" and torch.cuda.is_current_stream_capturing():
+            return None   # the caller takes the two-launch path for this capture
+        have = torch.zeros(max(4096, triton.next_power_of_2(n)), dtype=torch.int32, device=device)
+        self.counters[device] = have
+        return have
+
+
+# the module's one piece of state: the counters (allocated once per device, zero between calls)
+TICKETS = TicketPool()
+
+
+def launch_fold(cfg: dict, group: int, num_splits: int, tickets: torch.Tensor, q, k, v, k_cache, v_cache,
+                block_tables, cu_seqlens_q, cached_lens, sinks, qk_scale: float, window: int,
+                out: torch.Tensor, sync: bool):
+    """One launch: split-KV decode with the merge folded in (``cfg``: BLOCK_N, CHUNK, PART_BF16 (partial
+    outputs normalised and stored in bf16 instead of fp32), STRIDED (full attention: program s takes
+    tiles s, s + S, ..., so its first pages are read before the context length arrives, and each
+    tile's pages are read one tile ahead), num_warps, num_stages, maxnreg)."""
+    cfg = dict(cfg)
+    bn = cfg.pop("BLOCK_N")
+    chunk = max(2, min(cfg.pop("CHUNK"), triton.next_power_of_2(num_splits)))  # splits merged per step
+    part_bf16 = bool(cfg.pop("PART_BF16", False))
+    strided = bool(cfg.pop("STRIDED", False)) and window == 0
+    B, Hkv, D = cached_lens.shape[0], k.shape[1], q.shape[2]
+    mp = torch.empty((B, Hkv, num_splits, group), device=q.device, dtype=torch.float32)
+    lp = torch.empty_like(mp)
+    op = torch.empty((B, Hkv, num_splits, group, D), device=q.device,
+                     dtype=torch.bfloat16 if part_bf16 else torch.float32)
+    return _decode_fold_kernel[(num_splits, Hkv, B)](
+        q, k, v, k_cache, v_cache, block_tables, cu_seqlens_q, cached_lens, sinks, out, mp, lp, op, tickets,
+        q.stride(0), q.stride(1), k.stride(0), k.stride(1), v.stride(0), v.stride(1),
+        k_cache.stride(0), k_cache.stride(1), k_cache.stride(2),
+        v_cache.stride(0), v_cache.stride(1), v_cache.stride(2),
+        block_tables.stride(0), out.stride(0), out.stride(1),
+        qk_scale, window, num_splits, block_tables.shape[1],
+        GROUP=group, G_P2=max(16, triton.next_power_of_2(group)), G_C=max(2, triton.next_power_of_2(group)),
+        BS=k_cache.shape[1], HEAD_D=D, BLOCK_N=bn, HAS_WINDOW=window > 0, CHUNK=chunk,
+        PART_BF16=part_bf16, STRIDED=strided, SYNC=sync, **cfg)
