@@ -31,7 +31,8 @@ def check(cfg: dict) -> dict:
     bm, bn = cfg.pop("BLOCK_M"), cfg.pop("BLOCK_N")
     cfg.pop("PACK"), cfg.pop("TMA")
     warps, stages = cfg.pop("num_warps"), cfg.pop("num_stages")
-    opts = {"maxnreg": cfg.pop("maxnreg")} if "maxnreg" in cfg else {}
+    opts = {"maxnreg": cfg.pop("maxnreg")} if cfg.get("maxnreg") else {}
+    cfg.pop("maxnreg", None)
     cfg["LAZY"] = float(cfg["LAZY"])
     consts = dict(GROUP=8, P=1, BS=16, HEAD_D=64, BLOCK_M=bm, BLOCK_N=bn, HAS_WINDOW=False, TMA=True, **cfg)
     kern = P._prefill_kernel

@@ -260,6 +260,11 @@ def default_prefill_config(head_dim: int, window: int) -> dict:
     """Tile shape and launch parameters (measured on H200; see bench/NOTES.md)."""
     if window > 0:  # 8 tokens x 8 heads per tile: 135 of the 160 keys it scores are in the window
         return dict(BLOCK_M=64, BLOCK_N=32, num_warps=4, num_stages=3, PACK=True, TMA=True)
+    if head_dim == 64:
+        # 64 query rows x 128 keys: the O rescale (64 columns) and the loop's bookkeeping spread over
+        # twice the scores (434 instead of 510 instructions per 64 scores per thread); capped at 168
+        # registers so 3 programs share an SM (2 K/V stages: 75 KB of shared memory each)
+        return dict(BLOCK_M=64, BLOCK_N=128, num_warps=4, num_stages=2, maxnreg=168, PACK=False, TMA=True)
     return dict(BLOCK_M=128, BLOCK_N=64, num_warps=4, num_stages=3, PACK=False, TMA=True)
 
 
@@ -279,12 +284,16 @@ def prefill_attention(q, k, v, k_cache, v_cache, block_tables, cu_seqlens_q, cac
     B = cached_lens.shape[0]
     group = Hq // Hkv
     cfg = dict(EXP_DEFAULTS, **default_prefill_config(D, window))
+    if config and ("BLOCK_M" in config or "BLOCK_N" in config) and "maxnreg" not in config:
+        cfg.pop("maxnreg", None)  # the default's register cap belongs to its tile shape
     cfg.update(config or {})
     if (cfg["EXP_COLS"] not in (0, 2) or cfg["EXP_POLY"] < 0 or cfg["POLY_DEG"] not in (2, 3)
             or (cfg["EXP_COLS"] and cfg["BLOCK_N"] % 16)):
         raise ValueError(f"attention prefill: bad exp split EXP_POLY={cfg['EXP_POLY']} EXP_COLS={cfg['EXP_COLS']} "
                          f"POLY_DEG={cfg['POLY_DEG']} (BLOCK_N {cfg['BLOCK_N']})")
     cfg["LAZY"] = float(cfg["LAZY"])
+    if cfg.get("maxnreg", 0) is None:  # a config's maxnreg=None lifts the default's register cap
+        del cfg["maxnreg"]
     bm, bn = cfg.pop("BLOCK_M"), cfg.pop("BLOCK_N")
     pack, tma = cfg.pop("PACK", False), cfg.pop("TMA", False)
     if T == 0 or max_seqlen_q == 0:
