@@ -13,6 +13,7 @@ as bf16 dots are broken in the interpreter; a few variants, small shapes).
 from __future__ import annotations
 
 import importlib.util
+import os
 import pathlib
 
 import pytest
@@ -33,8 +34,10 @@ _spec = importlib.util.spec_from_file_location(
     "prefill_variants", pathlib.Path(__file__).resolve().parents[2] / "bench" / "attention" / "prefill_variants.py")
 _mod = importlib.util.module_from_spec(_spec)
 _spec.loader.exec_module(_mod)
-VARIANTS = _mod.VARIANTS if DEV == "cuda" else {
-    k: v for k, v in _mod.VARIANTS.items() if k in ("lazy8_poly8", "cols2_d2", "poly4")}
+# DAYZERO_PREFILL_VARIANTS=a,b: only these (a device call that times only them)
+_ONLY = [n for n in os.environ.get("DAYZERO_PREFILL_VARIANTS", "").split(",") if n]
+VARIANTS = {k: v for k, v in _mod.VARIANTS.items()
+            if (k in _ONLY if _ONLY else DEV == "cuda" or k in ("lazy8_poly8", "cols2_d2", "poly4"))}
 
 
 def _case(q_lens, cached, **kw):
