@@ -1,10 +1,9 @@
 """Decode-sized MoE (1-64 tokens): the split-K path (``triton_moe_small_split``, every candidate in
-``VARIANTS``), at T <= 16 the persistent path (``triton_moe_small_stream``, rows ``stream_*``) vs the
-aligned small-M path of ``triton_moe`` (``MoeRun(small=True)``: 3 align launches,
+``VARIANTS``) vs the aligned small-M path of ``triton_moe`` (``MoeRun(small=True)``: 3 align launches,
 gate_up, down, combine). (Runs 1-4 also timed session 2's two-launch path, removed after run 4.)
 
     PYTHONPATH=shared python bench/moe/bench_small.py --out DIR [--quick] [--jobs N]
-    (MOE_SMALL_VARIANTS=bn64,bn128 / MOE_STREAM_VARIANTS=s64 time only those candidates)
+    (MOE_SMALL_VARIANTS=bn64,bn128 times only those split-K candidates)
 
 Compiling every (variant, T) takes minutes one by one, so ``--jobs`` worker processes first run
 each configuration once (filling Triton's on-disk cache) and the timing process then loads them.
@@ -33,8 +32,6 @@ from common import COPY_TBS, Results, graph_us, median_ms, random_experts  # noq
 from dayzero.kernels.triton_moe import MoeRun  # noqa: E402
 from dayzero.kernels.triton_moe_small_split import VARIANTS, MoeSplit  # noqa: E402
 from dayzero.kernels.triton_moe_small_split import default_tiles as split_default  # noqa: E402
-from dayzero.kernels.triton_moe_small_stream import VARIANTS as STREAM_VARIANTS  # noqa: E402
-from dayzero.kernels.triton_moe_small_stream import MoeStream, StreamTiles  # noqa: E402
 
 H = I = 2880
 K_TOP = 4
@@ -71,10 +68,6 @@ def makers(T: int, E: int, ex) -> dict:
     """name -> (x, weights, ids) -> a call object with ``__call__`` (and stage methods)."""
     m = {f"split_{name}": (lambda x, w, i, t=t: MoeSplit(x, w, i, ex, LIMIT, t)) for name, t in VARIANTS.items()
          if name in os.environ.get("MOE_SMALL_VARIANTS", name).split(",")}
-    if T <= StreamTiles.bm:
-        m.update({f"stream_{name}": (lambda x, w, i, t=t: MoeStream(x, w, i, ex, LIMIT, t))
-                  for name, t in STREAM_VARIANTS.items()
-                  if name in os.environ.get("MOE_STREAM_VARIANTS", name).split(",")})
     m["old_small"] = lambda x, w, i: MoeRun(x, w, i, ex, LIMIT, small=True)
     return m
 
@@ -133,15 +126,14 @@ def sweep(res: Results, E: int, Ts, out_dir: str) -> None:
             except Exception as exc:  # noqa: BLE001 - record and go on with the other variants
                 res.add(section="small_graph", variant=name, error=repr(exc)[:300], **base)
                 continue
-            extra = dict(splits=[runs[0].s1, runs[0].s2], fused=runs[0].fused) if name.startswith("split_") else \
-                dict(programs=runs[0].G) if name.startswith("stream_") else {}
+            extra = dict(splits=[runs[0].s1, runs[0].s2], fused=runs[0].fused) if name.startswith("split_") else {}
             res.add(section="small_graph", variant=name, us=us, tbs=mb / us, frac_copy=mb / us / COPY_TBS,
                     **extra, **base)
             if name in (f"split_{default}", "old_small"):
                 res.add(section="small_eager", variant=name, us_host_bound=median_ms(runs[0]) * 1e3, **base)
-            if name.startswith(("split_", "stream_")):  # per-stage GPU time, each launched stage alone in its graph
+            if name.startswith("split_"):  # per-stage GPU time, each launched stage alone in its graph
                 for stage in ("plan", "gate_up", "down", "combine"):
-                    if stage in ("gate_up", "down") or not getattr(runs[0], "fused", True):
+                    if stage in ("gate_up", "down") or not runs[0].fused:
                         res.add(section="small_stage", variant=name, stage=stage,
                                 us=graph_us([getattr(r, stage) for r in runs]), **base)
             del runs

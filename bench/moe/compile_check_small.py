@@ -4,7 +4,7 @@ WITHOUT a GPU and report registers per thread, spills, shared memory, the progra
 pipeliner turned into async copies, and the SASS instructions of the innermost K loop (per warp and
 128-wide step). Uses Triton's bundled cuobjdump.
 
-    PYTHONPATH=shared python bench/moe/compile_check_small.py [VARIANT | stream_VARIANT ...]
+    PYTHONPATH=shared python bench/moe/compile_check_small.py [VARIANT ...]
 
 Integer arguments that a real launch sees as multiples of 16 (pointers, K, N, E, most strides) get
 the same divisibility hint here, so the loads vectorise and pipeline as they do on the device.
@@ -44,13 +44,12 @@ def k_loop(sass: str) -> tuple[int, int]:
     return best or (0, 0)
 
 
-def check(kernel, consts: dict, warps: int = 4, stages: int = 4, maxnreg: int = 0) -> dict:
+def check(kernel, consts: dict, warps: int = 4, stages: int = 4) -> dict:
     types = dict(TYPES, h_ptr="*fp16") if consts.get("H16") else TYPES
     sig = {n: ("constexpr" if n in consts else types.get(n, "i32")) for n in kernel.arg_names}
     attrs = {(i,): [["tt.divisibility", 16]] for i, n in enumerate(kernel.arg_names)
              if n not in consts and n not in NOT_DIV16}
-    b = build_sm90(ASTSource(kernel, sig, consts, attrs), warps, num_stages=stages,
-                   **({"maxnreg": maxnreg} if maxnreg else {}))
+    b = build_sm90(ASTSource(kernel, sig, consts, attrs), warps, num_stages=stages)
     sass = b.sass
     loop, hmma = k_loop(sass)
     kb_per_warp = consts["BN"] * 128 / warps / 1024   # weight KB per warp and K step
@@ -76,37 +75,12 @@ def split_configs(labels=None):
                 if kern is S.down_kernel:
                     consts["FUSE"] = fused
                 warps = t.warps_down or t.warps if kern is S.down_kernel else t.warps
-                yield f"{name} {label} {'T1' if fused else 'T64'}", kern, consts, warps, t.stages, t.maxnreg
-
-
-def stream_configs(labels=None):
-    """(label, kernel, consts, warps, stages) of the persistent candidates (``triton_moe_small_stream``
-    ``VARIANTS``) at T = 1 (PB = 16), 20B shapes."""
-    from dayzero.kernels import triton_moe_small_stream_kernels as K
-    from dayzero.kernels.triton_moe_small_stream import VARIANTS
-
-    for name, kern in (("gate_up", K.gate_up_stream_kernel), ("down", K.down_stream_kernel)):
-        for label, t in VARIANTS.items():
-            if labels and label not in labels:
-                continue
-            bn = t.bn_gate_up if kern is K.gate_up_stream_kernel else t.bn_down
-            consts = dict(TOPK=4, PB=16, BM=t.bm, BN=bn, BK_=128, DOT_F32=False,
-                          EVEN_N=(5760 if kern is K.gate_up_stream_kernel else 2880) % bn == 0)
-            if kern is K.down_stream_kernel:
-                consts["H16"] = t.h16
-            yield f"{name} stream_{label} T1", kern, consts, t.warps, t.stages, t.maxnreg
+                yield f"{name} {label} {'T1' if fused else 'T64'}", kern, consts, warps, t.stages
 
 
 def main() -> int:
-    from dayzero.kernels.triton_moe_small_split import VARIANTS
-
-    args = sys.argv[1:] or None
-    split = [a for a in args if a in VARIANTS] if args else None
-    stream = [a.removeprefix("stream_") for a in args if a.startswith("stream_")] if args else None
-    configs = [*(split_configs(split) if split or not args else ()),
-               *(stream_configs(stream) if stream or not args else ())]
-    for label, kern, consts, warps, stages, maxnreg in configs:
-        print(label, check(kern, consts, warps, stages, maxnreg), flush=True)
+    for label, kern, consts, warps, stages in split_configs(sys.argv[1:] or None):
+        print(label, check(kern, consts, warps, stages), flush=True)
     return 0
 
 

@@ -1,5 +1,6 @@
-"""One T = 1 decode MoE call on each path (stream default, then split-K default), 20B shapes, for
-``ncu`` (bench/moe/run.sh step ``small_ncu`` profiles the first launch of each gate_up kernel):
+"""One T = 1 decode MoE call on the split-K path with its default tiles, then with g64_d128 (run 5's
+T = 1 default), 20B shapes, for ``ncu`` (bench/moe/run.sh step ``small_ncu`` profiles the first
+launch of each gate_up kernel):
 
     ncu --clock-control none --kernel-name regex:gate_up --launch-count 2 python3 bench/moe/profile_small.py
 """
@@ -14,8 +15,7 @@ import torch
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from common import random_experts  # noqa: E402
 
-from dayzero.kernels.triton_moe_small_split import MoeSplit  # noqa: E402
-from dayzero.kernels.triton_moe_small_stream import MoeStream  # noqa: E402
+from dayzero.kernels.triton_moe_small_split import VARIANTS, MoeSplit  # noqa: E402
 
 
 def main() -> int:
@@ -23,10 +23,10 @@ def main() -> int:
     x = torch.randn(1, 2880, device="cuda").bfloat16()
     ids = torch.tensor([[3, 11, 17, 29]], device="cuda")
     w = torch.full((1, 4), 0.25, device="cuda").bfloat16()
-    for make in (MoeStream, MoeSplit):
-        make(x, w, ids, ex, 7.0)()
+    for tiles in (None, VARIANTS["g64_d128"]):
+        MoeSplit(x, w, ids, ex, 7.0, tiles)()
     torch.cuda.synchronize()
-    print("profiled: stream, split")
+    print("profiled: default tiles, g64_d128")
     return 0
 
 

@@ -25,11 +25,11 @@ step decode120 90 python3 -m dayzero bench decode --model 120b --batch 1,64 --co
   --json "$OUT/bench-decode-120b.json"
 # decode MoE (not in the default list: MOE_STEPS=small): bench first (its worker processes fill Triton's
 # cache for the tests too), then the GPU tests of the split-K path over 2 pytest-xdist workers (each builds ~37 GB of test experts)
-step small "${MOE_SMALL_TIMEOUT:-230}" sh -c 'timeout "${MOE_SMALL_BENCH_S:-130}" python3 bench/moe/bench_small.py --out "$1" ${MOE_SMALL_ARGS:-}; r=$?; timeout "${MOE_SMALL_TEST_S:-95}" python3 -m pytest -q -n 2 -p no:cacheprovider --noconftest -o addopts="" tests/kernels/test_moe_small_gpu.py -k "${MOE_SMALL_TEST_K:-split or stream or registered}" || r=1; exit $r' _ "$OUT"
+step small "${MOE_SMALL_TIMEOUT:-230}" sh -c 'timeout "${MOE_SMALL_BENCH_S:-130}" python3 bench/moe/bench_small.py --out "$1" ${MOE_SMALL_ARGS:-}; r=$?; timeout "${MOE_SMALL_TEST_S:-95}" python3 -m pytest -q -n 2 -p no:cacheprovider --noconftest -o addopts="" tests/kernels/test_moe_small_gpu.py -k "${MOE_SMALL_TEST_K:-split or registered}" || r=1; exit $r' _ "$OUT"
 # after a change of the decode MoE default (MOE_STEPS=small,small_graph): the engine's CUDA-graph decode test
 step small_graph "${MOE_SMALL_GRAPH_S:-90}" python3 -m pytest -q -p no:cacheprovider --noconftest -o addopts="" \
   tests/kernels/test_cuda_graph_gpu.py
-# ncu of the T = 1 gate_up kernels (stream, split-K) where ncu is installed (MOE_STEPS=...,small_ncu): $OUT/ncu-small.txt
+# ncu of the T = 1 split-K gate_up kernel (default tiles, then g64_d128) where ncu is installed (MOE_STEPS=...,small_ncu): $OUT/ncu-small.txt
 step small_ncu "${MOE_SMALL_NCU_S:-60}" sh -c 'command -v ncu >/dev/null || { echo "ncu: not installed"; exit 0; }; ncu --clock-control none --kernel-name regex:gate_up --launch-count 2 --section SpeedOfLight --section MemoryWorkloadAnalysis --section WarpStateStats --section Occupancy --section LaunchStats python3 bench/moe/profile_small.py >"$1/ncu-small.txt" 2>&1; r=$?; grep -v "^==PROF==" "$1/ncu-small.txt" | tail -170; exit $r' _ "$OUT"
 step gluon "${MOE_GLUON_TIMEOUT:-330}" sh -c 'timeout "${MOE_GLUON_TEST_S:-150}" python3 -m pytest -q -p no:cacheprovider --noconftest -o addopts="" --timeout 60 --timeout-method thread ${MOE_GLUON_TESTS:-tests/kernels/test_moe_gluon_gpu.py} >"$1/gluon-tests.log" 2>&1; r=$?; cat "$1/gluon-tests.log"; grep -q Timeout "$1/gluon-tests.log" && exit 1; timeout "${MOE_GLUON_BENCH_S:-170}" python3 bench/moe/bench_gluon.py --out "$1" ${MOE_GLUON_ARGS:-} || r=1; exit $r' _ "$OUT"  # Gluon warp-specialised prefill GEMMs (not in the default list: MOE_STEPS=gluon; MOE_GLUON_TESTS: pytest selection)
 echo "moe: rc=$rc" | tee -a "$log"

@@ -75,11 +75,9 @@ def inputs(T: int, E_global: int, H: int, seed: int, repeated: bool = False):
     return x, w, ids
 
 
-def check(name, T, seed, tiles=None, repeated=False, offset=0, E_local=None, fn=None):
-    """fn(x, w, ids, experts, limit, tiles) -> out (default: the split-K path ``moe_split``)."""
+def check(name, T, seed, tiles=None, repeated=False, offset=0, E_local=None):
     from dayzero.kernels.triton_moe_small_split import moe_split
 
-    fn = fn or moe_split
     q, d = experts(name)
     E, H, _ = SHAPES[name]
     if E_local is not None:  # expert-parallel slice [offset, offset + E_local) of the E global experts
@@ -92,7 +90,7 @@ def check(name, T, seed, tiles=None, repeated=False, offset=0, E_local=None, fn=
     ref_out = ref.moe_experts(x, w, ids, q, LIMIT)
     exact = ref.moe_experts(x, w, ids, d, LIMIT)
     poison()
-    out = fn(x, w, ids, q, LIMIT, tiles)
+    out = moe_split(x, w, ids, q, LIMIT, tiles)
     assert out.shape == (T, H) and out.dtype == torch.bfloat16
     assert torch.isfinite(out).all(), "unwritten (NaN) or non-finite output elements"
     e_ref = rel(ref_out, exact)
@@ -102,21 +100,18 @@ def check(name, T, seed, tiles=None, repeated=False, offset=0, E_local=None, fn=
 
 @pytest.mark.parametrize("T", [1, 3, 16])
 def test_registered_op_dispatch(T):
-    # the stream path where takes_stream says so (STREAM_MAX_PAIRS); else T = 1 and T = 16 (4 and 64
-    # pairs) take the split-K path, T = 3 (12 pairs) the aligned one
+    # T = 1 and T = 16 (4 and 64 pairs) take the split-K path, T = 3 (12 pairs) the aligned one
     from dayzero.kernels.triton_moe import moe_experts   # the op registered as triton's moe_experts
     from dayzero.kernels.triton_moe_small_split import moe_split, takes_split
-    from dayzero.kernels.triton_moe_small_stream import moe_stream, takes_stream
 
     q, _ = experts("20b")
     E, H, _ = SHAPES["20b"]
     x, w, ids = inputs(T, E, H, seed=4)
     assert takes_split(T * K_TOP, E) == (T != 3)
-    stream = takes_stream(T * K_TOP, T)
-    if T == 3 and DEV != "cuda" and not stream:
+    if T == 3 and DEV != "cuda":
         pytest.skip("the aligned path is checked on the GPU (tests/kernels/test_moe_gpu.py)")
-    want = moe_stream(x, w, ids, q, LIMIT) if stream else moe_split(x, w, ids, q, LIMIT)
-    if T == 3 and not stream:
+    want = moe_split(x, w, ids, q, LIMIT)
+    if T == 3:
         from dayzero.kernels.triton_moe import fused_moe
 
         want = fused_moe(x, w, ids, q, LIMIT)
@@ -183,7 +178,7 @@ def test_split_no_local_route_gives_zeros(T):
     assert out.shape == (T, H) and (out == 0).all()
 
 
-@pytest.mark.parametrize("T", [2, 16])   # fused (leader slots, tickets in down) and plan + combine
+@pytest.mark.parametrize("T", [1, 2, 16])   # fused (leader slots, tickets in down) and plan + combine
 def test_split_deterministic_and_graph_replay_equals_eager(T):
     from dayzero.kernels.triton_moe_small_split import MoeSplit, moe_split
 
@@ -224,103 +219,3 @@ def test_split_rejects_bad_input():
     with pytest.raises(ValueError, match="bf16"):
         moe_split(x.float(), w, ids, q, LIMIT)
     assert moe_split(x[:0], w[:0], ids[:0], q, LIMIT).shape == (0, H)
-
-
-# ---- stream path (triton_moe_small_stream): persistent programs over the flattened work list ----
-
-def _stream_variants():
-    from dayzero.kernels.triton_moe_small_stream import VARIANTS
-
-    return VARIANTS
-
-
-def _stream(x, w, ids, q, limit, tiles):
-    from dayzero.kernels.triton_moe_small_stream import moe_stream
-
-    return moe_stream(x, w, ids, q, limit, tiles)
-
-
-STREAM_TS = [1, 2, 5, 8, 16] if DEV == "cuda" else [1, 5]
-
-
-@pytest.mark.parametrize("variant", list(_stream_variants()))
-@pytest.mark.parametrize("T", STREAM_TS)
-@pytest.mark.parametrize("name", ["20b", "120b"])
-def test_stream_vs_reference(name, T, variant):
-    check(name, T, seed=T, tiles=_stream_variants()[variant], fn=_stream)
-    assert _tickets_zero(experts(name)[0])  # every ticket reset by its last user
-
-
-@pytest.mark.parametrize("programs", [1, 7, 100, 5000])
-def test_stream_grid_sizes(programs):
-    # one program (every tile in one range), ranges crossing tiles (partials + tickets), more programs than K blocks
-    import dataclasses
-
-    # (the grid sets where K is cut into partials, so different grids may round differently: run 6
-    # found a 5000-program result one bf16 ulp off the 3-program one somewhere; one grid is repeatable)
-    tiles = dataclasses.replace(_stream_variants()["s64"], programs=programs)
-    out = check("20b", 3, seed=40, tiles=tiles, fn=_stream)[0]
-    assert torch.equal(out, _stream(*inputs(3, SHAPES["20b"][0], SHAPES["20b"][1], 40), experts("20b")[0], LIMIT,
-                                    tiles))
-    assert _tickets_zero(experts("20b")[0])
-
-
-@pytest.mark.parametrize("T", [1, 6])
-def test_stream_repeated_experts_and_expert_parallel_slice(T):
-    check("20b", T, seed=300 + T, repeated=True, fn=_stream)
-    out, exact, ids = check("120b", T, seed=12, offset=8, E_local=8, fn=_stream)
-    local = ((ids >= 8) & (ids < 16)).any(1)
-    assert (out[~local] == 0).all()
-
-
-def test_stream_no_local_route_gives_zeros():
-    q, _ = experts("120b")
-    E, H, _ = SHAPES["120b"]
-    x, w, ids = inputs(4, E, H, seed=5)
-    sl = slice(8, 16)                                       # this rank owns 8..15: nothing routed here
-    qs = ExpertWeights(q.gate_up[sl], q.gate_up_bias[sl], q.down[sl], q.down_bias[sl], q.gate_up_scale[sl],
-                       q.down_scale[sl], derived={"expert_offset": 8})
-    poison()
-    out = _stream(x, w, ids % 4, qs, LIMIT, None)
-    assert out.shape == (4, H) and (out == 0).all()
-
-
-@pytest.mark.parametrize("T", [1, 4])
-def test_stream_deterministic_and_graph_replay_equals_eager(T):
-    from dayzero.kernels.triton_moe_small_stream import MoeStream, moe_stream
-
-    if DEV != "cuda":
-        pytest.skip("CUDA graphs need a GPU")
-    q, _ = experts("20b")
-    E, H, _ = SHAPES["20b"]
-    x, w, ids = inputs(T, E, H, seed=1)
-    run = MoeStream(x, w, ids, q, LIMIT)
-    first = run().clone()
-    assert torch.equal(run(), first)                                        # bitwise repeatable
-    g = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(g):
-        out = run()
-    for seed in (2, 3):
-        x2, w2, ids2 = inputs(T, E, H, seed=seed)
-        run.x.copy_(x2)
-        run.weights.copy_(w2)
-        run.ids.copy_(ids2)
-        g.replay()
-        torch.cuda.synchronize()
-        assert torch.equal(out, moe_stream(x2, w2, ids2, q, LIMIT))
-    assert _tickets_zero(q)
-
-
-def test_stream_rejects_bad_input():
-    from dayzero.kernels.triton_moe_small_stream import StreamTiles, moe_stream
-
-    q, _ = experts("20b")
-    E, H, _ = SHAPES["20b"]
-    x, w, ids = inputs(17, E, H, seed=4)
-    with pytest.raises(ValueError, match="at most 16 tokens"):
-        moe_stream(x, w, ids, q, LIMIT)
-    with pytest.raises(ValueError, match="N tile"):
-        moe_stream(x[:2], w[:2], ids[:2], q, LIMIT, StreamTiles(bn_down=48))
-    with pytest.raises(ValueError, match="bf16"):
-        moe_stream(x[:2].float(), w[:2], ids[:2], q, LIMIT)
-    assert moe_stream(x[:0], w[:0], ids[:0], q, LIMIT).shape == (0, H)

@@ -40,7 +40,6 @@ from .triton_moe_gemm import interpreting, moe_combine_kernel, moe_gemm_kernel, 
 from .triton_moe_gemm_large import moe_gemm_large_kernel
 from .triton_moe_router import router_topk as _router_topk
 from .triton_moe_small_split import moe_split, takes_split
-from .triton_moe_small_stream import moe_stream, takes_stream
 from .types import ExpertWeights
 
 SWIGLU_ALPHA = 1.702
@@ -242,8 +241,6 @@ def moe_experts(x: torch.Tensor, weights: torch.Tensor, ids: torch.Tensor, exper
         return REGISTRY.impls["torch"]["moe_experts"](x, weights, ids, experts, limit)
     if experts.gate_up_scale is None or experts.down_scale is None:
         raise ValueError("fp8 experts need gate_up_scale and down_scale")
-    if x.dtype == torch.bfloat16 and takes_stream(ids.numel(), ids.shape[0]):       # smallest decode batches
-        return moe_stream(x, weights, ids, experts, limit)
     if x.dtype == torch.bfloat16 and takes_split(ids.numel(), experts.num_experts):  # decode sizes (bench/NOTES.md)
         return moe_split(x, weights, ids, experts, limit)
     if gluon_prefill(x, ids, experts.num_experts):

@@ -50,7 +50,6 @@ class SplitTiles:
     # up to this many pairs (T * k) slots are pairs (leader scan in-kernel, no plan launch) and down
     # does the combine itself (tickets); above it the plan launch and the combine launch run
     fuse_max_pairs: int = 32
-    maxnreg: int = 0             # register cap per thread (0: none), for more programs per SM
 
 
 # Candidate launch configurations (the GPU tests check each; the bench times each at every T).
@@ -60,18 +59,14 @@ class SplitTiles:
 # bn128 86 (run 3: 209 at bn32). Dropped after run 4 (slower at every T): bn32, 2-warp and 8-warp
 # tiles, twice the K splits, bf16 h, unfused at T = 1. Run 5 (A rows masked again): bn64 fastest from
 # T = 2 on, g64_d128 at T = 1, bn128 nowhere.
-# Session 4 (run 6 ncu of the T = 1 gate_up: 4 programs = 16 warps per SM, 7.7 cycles per issued
-# instruction, DRAM 37 % busy: latency-bound warps) -> run 7 candidates for T = 1 with more programs per
-# SM (sm_90 compile at T = 1): o5 = g64_d128, 3 stages, <= 96 registers: 5 per SM (gate_up 6 / down 30
-# spill instructions); o6 = 2 stages, <= 80: 6 per SM (24 / 74); k1 = gate_up bn32 unsplit (720
-# programs, each a whole row range from K = 0: tests whether K-split programs reading different K
-# offsets at once cost DRAM efficiency).
+# Session 4 (runs 6-7): at T = 1 neither one prologue per program (a persistent grid over the flattened
+# work list, since removed: commit 891ffc9) nor 5-6 programs per SM (register caps) moved gate_up; an
+# unsplit gate_up of narrow tiles did (k1: 720 programs of 32 rows x the whole K, no partials or
+# tickets in gate_up): 39.0 -> 32.1 us.
 VARIANTS = {
     "bn64": SplitTiles(bn_gate_up=64, bn_down=64),
     "bn128": SplitTiles(bn_gate_up=128, bn_down=128),
     "g64_d128": SplitTiles(bn_gate_up=64, bn_down=128),
-    "o5": SplitTiles(bn_gate_up=64, bn_down=128, stages=3, maxnreg=96),
-    "o6": SplitTiles(bn_gate_up=64, bn_down=128, stages=2, maxnreg=80),
     "k1": SplitTiles(bn_gate_up=32, bn_down=128, split_gate_up=1),
 }
 
@@ -82,9 +77,9 @@ def takes_split(pairs: int, E: int) -> bool:
 
 
 def default_tiles(pairs: int, E: int) -> SplitTiles:
-    """Run 5: g64_d128 at T * k <= 4 (59.3 vs bn64 61.2 us at T = 1), bn64 above (bn128 and g64_d128
-    slower from T = 2 on)."""
-    return VARIANTS["g64_d128" if pairs <= 4 else "bn64"]
+    """Run 7: k1 at T * k <= 8 (20B T = 1 52.0 vs g64_d128 59.0 us, T = 2 85.6 vs 93.5; 120B 52.0 / 88.1
+    vs 58.8 / 96.7), bn64 above (run 5: bn128 and g64_d128 slower from T = 2 on; k1 not timed there)."""
+    return VARIANTS["k1" if pairs <= 8 else "bn64"]
 
 
 def choose_split(requested: int, slots: int, n_tiles: int, K: int, tiles: SplitTiles) -> int:
@@ -96,10 +91,10 @@ def choose_split(requested: int, slots: int, n_tiles: int, K: int, tiles: SplitT
     return max(1, min(triton.cdiv(tiles.target_programs, max(1, slots * n_tiles)), most))
 
 
-def _tickets(experts: ExpertWeights, n: int, dev: torch.device, tag: str = "") -> torch.Tensor:
+def _tickets(experts: ExpertWeights, n: int, dev: torch.device) -> torch.Tensor:
     """Ticket counters kept with the weights (zero between calls: each is reset by its last user),
     so a call needs no memset; calls on the same experts must not run concurrently."""
-    key = f"moe_split_tickets_{tag}{n}"
+    key = f"moe_split_tickets_{n}"
     buf = experts.derived.get(key)
     if buf is None:
         buf = experts.derived[key] = torch.zeros((n,), dtype=torch.int32, device=dev)
@@ -147,8 +142,7 @@ class MoeSplit:
         self.y = torch.empty((self.s2, self.P, H), dtype=torch.float32, device=dev)       # per split, pair
         self.out = torch.empty((T, H), dtype=x.dtype, device=dev)
         self.launch = dict(TOPK=self.k, BM=t.bm, BK_=BK, H16=t.h16, TB=self.tb, PB=self.pb, PLAN=not self.fused,
-                           ONE_CHUNK=T <= t.bm, DOT_F32=interpreting(), num_stages=t.stages,
-                           **({"maxnreg": t.maxnreg} if t.maxnreg and not interpreting() else {}))
+                           ONE_CHUNK=T <= t.bm, DOT_F32=interpreting(), num_stages=t.stages)
 
     def plan(self) -> None:
         if self.fused:
