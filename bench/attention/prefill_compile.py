@@ -1,7 +1,7 @@
-"""Build the causal prefill kernel's exp-split variants for sm_90 on a machine WITHOUT a GPU and
-report what the GPU would run: registers, spills, shared memory, programs per SM, and per-kernel
-instruction counts that show where the softmax work goes (MUFU.EX2 vs FFMA / integer ops; shared
-memory stores and loads in the loop would mean a layout conversion of the score tile).
+"""Build the causal prefill kernel's variants (prefill_variants.py) for sm_90 on a machine WITHOUT a GPU
+and report what the GPU would run: registers, spills, shared memory, programs per SM, per-kernel
+instruction counts (MUFU.EX2, FFMA, FADD, FMUL, ...), and per loop (every backward branch whose body
+holds a wgmma) its length, exp2s, FMULs and local loads / stores: the TMA full-tile loop is the hot one.
 
     PYTHONPATH=shared python bench/attention/prefill_compile.py [--variants a,b] [--json FILE]
 """
@@ -27,13 +27,15 @@ NOT_DIV16 = {"window", "stride_ot", "qk_scale"}
 
 def check(cfg: dict) -> dict:
     from dayzero.kernels import triton_attention_prefill as P
-    cfg = dict(P.EXP_DEFAULTS, **dict(P.default_prefill_config(64, 0), **cfg))
+    base = P.default_prefill_config(64, 0)
+    if ("BLOCK_M" in cfg or "BLOCK_N" in cfg) and "maxnreg" not in cfg:
+        base.pop("maxnreg", None)  # as the launcher: the default's cap belongs to its tile shape
+    cfg = dict(base, **cfg)
     bm, bn = cfg.pop("BLOCK_M"), cfg.pop("BLOCK_N")
     cfg.pop("PACK"), cfg.pop("TMA")
     warps, stages = cfg.pop("num_warps"), cfg.pop("num_stages")
     opts = {"maxnreg": cfg.pop("maxnreg")} if cfg.get("maxnreg") else {}
     cfg.pop("maxnreg", None)
-    cfg["LAZY"] = float(cfg["LAZY"])
     consts = dict(GROUP=8, P=1, BS=16, HEAD_D=64, BLOCK_M=bm, BLOCK_N=bn, HAS_WINDOW=False, TMA=True, **cfg)
     kern = P._prefill_kernel
     sig = {}

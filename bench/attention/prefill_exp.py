@@ -3,8 +3,8 @@
     PYTHONPATH=shared python3 bench/attention/prefill_exp.py --out DIR [--n 8192,32768,131072]
     PYTHONPATH=shared python3 bench/attention/prefill_exp.py --warmup-only   # compile every variant first
 
-Variants: ``prefill_variants.VARIANTS`` (configs of triton_attention_prefill.py: exp split between MUFU
-and an FMA-pipe polynomial, lazy O rescale, register caps, 64-row tiles). Shape: one sequence, 64 query /
+Variants: ``prefill_variants.VARIANTS`` (configs of triton_attention_prefill.py: tile shapes, stages,
+register caps; session 4's run 1 also timed exp / rescale variants since removed). Shape: one sequence, 64 query /
 8 KV heads, head dim 64, sinks, bf16; plus a chunked row (new tokens after a paged prefix). Each variant's
 output is NaN-poisoned, checked finite everywhere and against the fp32 reference on its first and last
 256 rows, then timed (do_bench median, L2 flushed; 128k: CUDA events, median of 3 after one warm-up).

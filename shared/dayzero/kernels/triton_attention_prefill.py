@@ -30,57 +30,12 @@ LOG2E = 1.4426950408889634
 
 
 @triton.jit
-def _exp2_fma(x, DEG: tl.constexpr):
-    """2^x for x < 126 on the FMA / integer pipes instead of the MUFU (16 ex2 per clock per SM).
-
-    x = j + f with j = round(x) (adding 1.5 * 2^23 leaves j in the low mantissa bits) and f in
-    [-0.5, 0.5]; 2^f is a relative-minimax polynomial (max relative error 1.7e-3 at degree 2,
-    7.5e-5 at degree 3; bf16 rounding of p is 2^-9 = 2e-3), and j is added to its exponent bits.
-    x is clamped at -125 first (2^-125 ~ 2e-38 stands for 0, e.g. x = -inf) so the exponent stays normal.
-    """
-    x = tl.maximum(x, -125.0)
-    r = x + 12582912.0                       # 1.5 * 2^23 + j, rounded to nearest
-    f = x - (r - 12582912.0)                 # [-0.5, 0.5]
-    if DEG == 2:
-        p = (0.23842891 * f + 0.703448) * f + 1.00044315
-    else:
-        p = ((0.05517166 * f + 0.24261112) * f + 0.69326099) * f + 0.99992807
-    bits = (r.to(tl.int32, bitcast=True) << 23) + p.to(tl.int32, bitcast=True)
-    return bits.to(tl.float32, bitcast=True)
-
-
-@triton.jit
-def _exp2_mixed(x, n0, EXP_POLY: tl.constexpr, EXP_COLS: tl.constexpr, POLY_DEG: tl.constexpr,
-                BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr):
-    """exp2 of a score tile [BM, BN]: part on the MUFU, part as a polynomial on the FMA pipe.
-
-    ``EXP_POLY`` n > 0: every n-th key tile (by its index n0 // BLOCK_N) takes the polynomial;
-    ``EXP_COLS`` 2: half of every tile's columns (the odd 8-column groups, which the wgmma
-    accumulator layout keeps in the same thread as the even ones) take it; both 0: MUFU only.
-    """
-    if EXP_COLS == 2:
-        x4 = tl.permute(tl.reshape(x, [BLOCK_M, BLOCK_N // 16, 2, 8]), [0, 1, 3, 2])  # [BM, BN/16, 8, 2]
-        xa, xb = tl.split(x4)                                                         # [BM, BN/16, 8]
-        p4 = tl.join(tl.math.exp2(xa), _exp2_fma(xb, POLY_DEG))                        # [BM, BN/16, 8, 2]
-        p = tl.reshape(tl.permute(p4, [0, 1, 3, 2]), [BLOCK_M, BLOCK_N])
-    elif EXP_POLY > 0:
-        if (n0 // BLOCK_N) % EXP_POLY == EXP_POLY - 1:
-            p = _exp2_fma(x, POLY_DEG)
-        else:
-            p = tl.math.exp2(x)
-    else:
-        p = tl.math.exp2(x)
-    return p
-
-
-@triton.jit
 def _tiles(acc, l_i, m_i, q, q_pos, k_desc, v_desc, desc_row, desc_col,
            src_k, src_v, stride_k, stride_v,          # new keys: row pointers of this head, row = index
            bt_row, stride_kb, stride_vb,              # cached keys: block-table row, block strides
            pos_base, start, stop, lo, hi, window, qk_scale,
            PAGED: tl.constexpr, MASK: tl.constexpr, HAS_WINDOW: tl.constexpr, TMA: tl.constexpr,
-           BS: tl.constexpr, HEAD_D: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
-           EXP_POLY: tl.constexpr, EXP_COLS: tl.constexpr, POLY_DEG: tl.constexpr, LAZY: tl.constexpr):
+           BS: tl.constexpr, HEAD_D: tl.constexpr, BLOCK_N: tl.constexpr):
     offs_n = tl.arange(0, BLOCK_N)
     offs_d = tl.arange(0, HEAD_D)
     for n0 in range(start, stop, BLOCK_N):
@@ -123,30 +78,15 @@ def _tiles(acc, l_i, m_i, q, q_pos, k_desc, v_desc, desc_row, desc_col,
             qk = tl.where(vis, qk * qk_scale, float("-inf"))
             m_new = tl.maximum(m_i, tl.max(qk, 1))
             qk = qk - m_new[:, None]
-            p = tl.math.exp2(qk)
-            alpha = tl.math.exp2(m_i - m_new)
-            l_i = l_i * alpha + tl.sum(p, 1)
-            acc = acc * alpha[:, None]
-            m_i = m_new
-        elif LAZY > 0:
-            # rescale O, l only when some row's max grew by more than LAZY (log2 units): p <= 2^LAZY
-            m_new = tl.maximum(m_i, tl.max(qk, 1) * qk_scale)
-            if tl.max(m_new - m_i, 0) > LAZY:
-                alpha = tl.math.exp2(m_i - m_new)
-                l_i = l_i * alpha
-                acc = acc * alpha[:, None]
-                m_i = m_new
-            p = _exp2_mixed(qk * qk_scale - m_i[:, None], n0, EXP_POLY, EXP_COLS, POLY_DEG, BLOCK_M, BLOCK_N)
-            l_i = l_i + tl.sum(p, 1)
         else:
             m_new = tl.maximum(m_i, tl.max(qk, 1) * qk_scale)
             qk = qk * qk_scale - m_new[:, None]              # one FMA per score
-            p = _exp2_mixed(qk, n0, EXP_POLY, EXP_COLS, POLY_DEG, BLOCK_M, BLOCK_N)
-            alpha = tl.math.exp2(m_i - m_new)
-            l_i = l_i * alpha + tl.sum(p, 1)
-            acc = acc * alpha[:, None]
-            m_i = m_new
+        p = tl.math.exp2(qk)
+        alpha = tl.math.exp2(m_i - m_new)
+        l_i = l_i * alpha + tl.sum(p, 1)
+        acc = acc * alpha[:, None]
         acc = tl.dot(p.to(vt.dtype), vt, acc)                # accumulate in place
+        m_i = m_new
     return acc, l_i, m_i
 
 
@@ -159,8 +99,7 @@ def _prefill_kernel(q_ptr, k_ptr, v_ptr, k_desc, v_desc, kc_ptr, vc_ptr, bt_ptr,
                     qk_scale, window,
                     GROUP: tl.constexpr, P: tl.constexpr, BS: tl.constexpr, HEAD_D: tl.constexpr,
                     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, HAS_WINDOW: tl.constexpr,
-                    TMA: tl.constexpr, EXP_POLY: tl.constexpr, EXP_COLS: tl.constexpr, POLY_DEG: tl.constexpr,
-                    LAZY: tl.constexpr):
+                    TMA: tl.constexpr):
     TOK_M: tl.constexpr = BLOCK_M // P                       # tokens per tile (P heads each)
     # longest tiles first: program 0 of dim 0 takes the last query tile
     pid_m = tl.num_programs(0) - 1 - tl.program_id(0)
@@ -205,16 +144,13 @@ def _prefill_kernel(q_ptr, k_ptr, v_ptr, k_desc, v_desc, kc_ptr, vc_ptr, bt_ptr,
         f_lo = tl.minimum(c_lo, f_hi)
     acc, l_i, m_i = _tiles(acc, l_i, m_i, q, q_pos, k_desc, v_desc, 0, 0, kc_head, vc_head,
                            stride_kct, stride_vct, bt_row, stride_kcb, stride_vcb, 0, c_lo, f_lo, lo, ctx,
-                           window, qk_scale, True, True, HAS_WINDOW, False, BS, HEAD_D, BLOCK_M, BLOCK_N,
-                           EXP_POLY, EXP_COLS, POLY_DEG, LAZY)
+                           window, qk_scale, True, True, HAS_WINDOW, False, BS, HEAD_D, BLOCK_N)
     acc, l_i, m_i = _tiles(acc, l_i, m_i, q, q_pos, k_desc, v_desc, 0, 0, kc_head, vc_head,
                            stride_kct, stride_vct, bt_row, stride_kcb, stride_vcb, 0, f_lo, f_hi, lo, ctx,
-                           window, qk_scale, True, False, HAS_WINDOW, False, BS, HEAD_D, BLOCK_M, BLOCK_N,
-                           EXP_POLY, EXP_COLS, POLY_DEG, LAZY)
+                           window, qk_scale, True, False, HAS_WINDOW, False, BS, HEAD_D, BLOCK_N)
     acc, l_i, m_i = _tiles(acc, l_i, m_i, q, q_pos, k_desc, v_desc, 0, 0, kc_head, vc_head,
                            stride_kct, stride_vct, bt_row, stride_kcb, stride_vcb, 0, tl.maximum(f_hi, c_lo),
-                           ctx, lo, ctx, window, qk_scale, True, True, HAS_WINDOW, False, BS, HEAD_D, BLOCK_M, BLOCK_N,
-                           EXP_POLY, EXP_COLS, POLY_DEG, LAZY)
+                           ctx, lo, ctx, window, qk_scale, True, True, HAS_WINDOW, False, BS, HEAD_D, BLOCK_N)
 
     # ---- new keys: index n in [0, m_end), position ctx + n ----
     k_new = k_ptr + q_start.to(tl.int64) * stride_kt + hkv * stride_kh
@@ -230,16 +166,13 @@ def _prefill_kernel(q_ptr, k_ptr, v_ptr, k_desc, v_desc, kc_ptr, vc_ptr, bt_ptr,
     col = hkv * HEAD_D
     acc, l_i, m_i = _tiles(acc, l_i, m_i, q, q_pos, k_desc, v_desc, q_start, col, k_new, v_new,
                            stride_kt, stride_vt, bt_row, 0, 0, ctx, a_lo, g_lo, lo, hi, window, qk_scale,
-                           False, True, HAS_WINDOW, TMA, BS, HEAD_D, BLOCK_M, BLOCK_N,
-                           EXP_POLY, EXP_COLS, POLY_DEG, LAZY)
+                           False, True, HAS_WINDOW, TMA, BS, HEAD_D, BLOCK_N)
     acc, l_i, m_i = _tiles(acc, l_i, m_i, q, q_pos, k_desc, v_desc, q_start, col, k_new, v_new,
                            stride_kt, stride_vt, bt_row, 0, 0, ctx, g_lo, g_hi, lo, hi, window, qk_scale,
-                           False, False, HAS_WINDOW, TMA, BS, HEAD_D, BLOCK_M, BLOCK_N,
-                           EXP_POLY, EXP_COLS, POLY_DEG, LAZY)
+                           False, False, HAS_WINDOW, TMA, BS, HEAD_D, BLOCK_N)
     acc, l_i, m_i = _tiles(acc, l_i, m_i, q, q_pos, k_desc, v_desc, q_start, col, k_new, v_new,
                            stride_kt, stride_vt, bt_row, 0, 0, ctx, tl.maximum(g_hi, a_lo), m_end, lo, hi,
-                           window, qk_scale, False, True, HAS_WINDOW, TMA, BS, HEAD_D, BLOCK_M, BLOCK_N,
-                           EXP_POLY, EXP_COLS, POLY_DEG, LAZY)
+                           window, qk_scale, False, True, HAS_WINDOW, TMA, BS, HEAD_D, BLOCK_N)
 
     # the sink joins the softmax once, after every key (p stays relative to the largest key score)
     sink = tl.load(sink_ptr + head).to(tl.float32) * 1.4426950408889634      # [BM]
@@ -251,11 +184,6 @@ def _prefill_kernel(q_ptr, k_ptr, v_ptr, k_desc, v_desc, kc_ptr, vc_ptr, bt_ptr,
              out.to(o_ptr.dtype.element_ty), mask=row_ok[:, None])
 
 
-# how the unmasked tiles' exp2 is split between the MUFU and an FMA-pipe polynomial (_exp2_mixed), and
-# the lazy O rescale threshold (log2 units; 0: rescale at every tile); opt-in until measured
-EXP_DEFAULTS = dict(EXP_POLY=0, EXP_COLS=0, POLY_DEG=3, LAZY=0.0)
-
-
 def default_prefill_config(head_dim: int, window: int) -> dict:
     """Tile shape and launch parameters (measured on H200; see bench/NOTES.md)."""
     if window > 0:  # 8 tokens x 8 heads per tile: 135 of the 160 keys it scores are in the window
@@ -263,7 +191,8 @@ def default_prefill_config(head_dim: int, window: int) -> dict:
     if head_dim == 64:
         # 64 query rows x 128 keys: the O rescale (64 columns) and the loop's bookkeeping spread over
         # twice the scores (434 instead of 510 instructions per 64 scores per thread); capped at 168
-        # registers so 3 programs share an SM (2 K/V stages: 75 KB of shared memory each)
+        # registers so 3 programs share an SM (2 K/V stages: 75 KB of shared memory each). Session 4,
+        # run 2: +3.1 / +4.5 / +3.9 % at 8k / 32k / 128k, +12 % chunked vs 128 x 64 (uncapped: -10 %)
         return dict(BLOCK_M=64, BLOCK_N=128, num_warps=4, num_stages=2, maxnreg=168, PACK=False, TMA=True)
     return dict(BLOCK_M=128, BLOCK_N=64, num_warps=4, num_stages=3, PACK=False, TMA=True)
 
@@ -283,16 +212,11 @@ def prefill_attention(q, k, v, k_cache, v_cache, block_tables, cu_seqlens_q, cac
     Hkv = k.shape[1]
     B = cached_lens.shape[0]
     group = Hq // Hkv
-    cfg = dict(EXP_DEFAULTS, **default_prefill_config(D, window))
+    cfg = dict(default_prefill_config(D, window))
     if config and ("BLOCK_M" in config or "BLOCK_N" in config) and "maxnreg" not in config:
         cfg.pop("maxnreg", None)  # the default's register cap belongs to its tile shape
     cfg.update(config or {})
-    if (cfg["EXP_COLS"] not in (0, 2) or cfg["EXP_POLY"] < 0 or cfg["POLY_DEG"] not in (2, 3)
-            or (cfg["EXP_COLS"] and cfg["BLOCK_N"] % 16)):
-        raise ValueError(f"attention prefill: bad exp split EXP_POLY={cfg['EXP_POLY']} EXP_COLS={cfg['EXP_COLS']} "
-                         f"POLY_DEG={cfg['POLY_DEG']} (BLOCK_N {cfg['BLOCK_N']})")
-    cfg["LAZY"] = float(cfg["LAZY"])
-    if cfg.get("maxnreg", 0) is None:  # a config's maxnreg=None lifts the default's register cap
+    if cfg.get("maxnreg", 0) is None:  # a config's maxnreg=None lifts the cap
         del cfg["maxnreg"]
     bm, bn = cfg.pop("BLOCK_M"), cfg.pop("BLOCK_N")
     pack, tma = cfg.pop("PACK", False), cfg.pop("TMA", False)
