@@ -62,23 +62,23 @@ WINDOW_CFGS = {
     "win_r64w4_tma_reg96": _wcfg(64, 4, maxnreg=96),
     "win_r128w8_tma": _wcfg(128, 8),
 }
-DECODE_CFGS = {  # the default folds the merge into the split kernel (one launch); _2k: split + combine
+DECODE_CFGS = {  # the default: split + combine kernels, PDL off (triton_attention_decode's docstring)
     "n128w4s3": dict(BLOCK_N=128, num_warps=4, num_stages=3),
-    "n128w4s3_2k": dict(BLOCK_N=128, num_warps=4, num_stages=3, FOLD=False, PDL=False),
-    "fold_c8": dict(BLOCK_N=128, num_warps=4, num_stages=3, CHUNK=8),
-    "fold_c4_nocap": dict(BLOCK_N=128, num_warps=4, num_stages=3, CHUNK=4, maxnreg=0),
-    "fold_bf16": dict(BLOCK_N=128, num_warps=4, num_stages=3, PART_BF16=True),
-    "fold_n64": dict(BLOCK_N=64, num_warps=4, num_stages=3),
-    "fold_strided_s2": dict(BLOCK_N=128, num_warps=4, num_stages=2, STRIDED=True),
-    "fold_strided_n64": dict(BLOCK_N=64, num_warps=4, num_stages=3, STRIDED=True),
-    "fold_strided": dict(BLOCK_N=128, num_warps=4, num_stages=3, STRIDED=True),
-    "n128w4s3_2k_pdl": dict(BLOCK_N=128, num_warps=4, num_stages=3, FOLD=False, PDL=True),
+    "kernel_strided_n64": dict(BLOCK_N=64, num_warps=4, num_stages=3, MERGE="kernel", STRIDED=True),
+    "kernel": dict(BLOCK_N=128, num_warps=4, num_stages=3, MERGE="kernel", maxnreg=128),
+    "kernel_strided_s2": dict(BLOCK_N=128, num_warps=4, num_stages=2, MERGE="kernel", STRIDED=True, maxnreg=128),
+    "kernel_n64": dict(BLOCK_N=64, num_warps=4, num_stages=3, MERGE="kernel"),
+    "kernel_strided_n64_s4": dict(BLOCK_N=64, num_warps=4, num_stages=4, MERGE="kernel", STRIDED=True),
+    "kernel_strided_n32": dict(BLOCK_N=32, num_warps=4, num_stages=3, MERGE="kernel", STRIDED=True),
+    "kernel_bf16": dict(BLOCK_N=128, num_warps=4, num_stages=3, MERGE="kernel", PART_BF16=True, maxnreg=128),
+    "ticket_strided_n64": dict(BLOCK_N=64, num_warps=4, num_stages=3, MERGE="ticket", STRIDED=True, maxnreg=128),
+    "n128w4s3_pdl": dict(BLOCK_N=128, num_warps=4, num_stages=3, PDL=True),
 }
-SWEPT = {"fold_strided_s2", "fold_strided_n64"}  # also timed at every split count at B = 1
-WINDOW_DECODE_CFGS = {
+SWEPT = {"kernel", "kernel_strided_n64", "kernel_strided_s2"}  # also timed at every split count at B = 1
+WINDOW_DECODE_CFGS = {  # the second entry of each table is the quick mode's alternative
     "n64w4s2": dict(BLOCK_N=64, num_warps=4, num_stages=2),
-    "n64w4s2_2k": dict(BLOCK_N=64, num_warps=4, num_stages=2, FOLD=False, PDL=False),
-    "n64w4s2_2k_pdl": dict(BLOCK_N=64, num_warps=4, num_stages=2, FOLD=False, PDL=True),
+    "n64w4s2_kernel": dict(BLOCK_N=64, num_warps=4, num_stages=2, MERGE="kernel"),
+    "n64w4s2_pdl": dict(BLOCK_N=64, num_warps=4, num_stages=2, PDL=True),
 }
 WINDOW = 128
 
@@ -221,7 +221,8 @@ def bench_decode(rows, ceil_bw, quick, sweep, only_batches=None):
         table = WINDOW_DECODE_CFGS if window else DECODE_CFGS
         first = next(iter(table))
         # alternatives at B <= 8 only (from B = 64 on the heuristic picks one split: one kernel for all)
-        cfgs = list(table) if not quick and B <= 8 else [first, first + "_2k"]
+        second = list(table)[1]
+        cfgs = list(table) if not quick and B <= 8 else [first, second]
         if splits == {1}:
             cfgs = [first]  # one split: the same single kernel whatever the merge config
         for name in cfgs:
@@ -246,8 +247,8 @@ def bench_decode(rows, ceil_bw, quick, sweep, only_batches=None):
         top = min(here, key=lambda r: r["us"])
         dflt = [r for r in here if r["config"] == first and r["num_splits"] == heur][0]
         dflt["eager_us"] = eager_us
-        two = [r for r in here if r["config"] == first + "_2k" and r["num_splits"] == heur]
-        pdl_txt = f"two kernels {two[0]['us']:7.1f} us | " if two else ""
+        two = [r for r in here if r["config"] == second and r["num_splits"] == heur]
+        pdl_txt = f"{second} {two[0]['us']:7.1f} us | " if two else ""
         rows.append(f"decode B={B:>3} ctx={L:>6} W={window or 'full':>4}: default {dflt['us']:7.1f} us "
                     f"{dflt['tbps']:5.2f} TB/s | {pdl_txt}best {top['config']}/s{top['num_splits']} {top['us']:7.1f} us "
                     f"{top['tbps']:5.2f} TB/s ({top['frac_copy_bw']:.0%} of copy) | eager {eager_us:6.1f} us")

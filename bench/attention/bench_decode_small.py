@@ -16,9 +16,9 @@ from dayzero.kernels.triton_attention import attention
 
 SCALE = D ** -0.5
 CFGS = {  # the two-kernel path (split + combine), PDL forced off / on
-    "n128w4s3": dict(BLOCK_N=128, num_warps=4, num_stages=3, PDL=False, FOLD=False),
+    "n128w4s3": dict(BLOCK_N=128, num_warps=4, num_stages=3, PDL=False, MERGE="combine"),
     "n128w4s3_pdl": dict(BLOCK_N=128, num_warps=4, num_stages=3, PDL=True),
-    "n64w4s3": dict(BLOCK_N=64, num_warps=4, num_stages=3, PDL=False, FOLD=False),
+    "n64w4s3": dict(BLOCK_N=64, num_warps=4, num_stages=3, PDL=False, MERGE="combine"),
     "n64w4s3_pdl": dict(BLOCK_N=64, num_warps=4, num_stages=3, PDL=True),
     "n256w8s3_pdl": dict(BLOCK_N=256, num_warps=8, num_stages=3, PDL=True),
 }

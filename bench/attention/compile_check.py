@@ -65,12 +65,15 @@ def decode_rows():
 def fold_rows():
     from dayzero.kernels import triton_attention_fold as F
     base = dict(GROUP=8, G_P2=16, G_C=8, BS=16, HEAD_D=64, HAS_WINDOW=False, SYNC=True, PART_BF16=False,
-                STRIDED=False)
+                STRIDED=False, TICKET=True)
     for bn, chunk, bf16, mx in ((128, 8, False, 128), (128, 4, False, 0), (128, 8, False, 0), (128, 16, False, 128),
                                 (128, 8, True, 128), (128, 16, True, 128), (64, 8, False, 0)):
         yield check(F._decode_fold_kernel, dict(base, BLOCK_N=bn, CHUNK=chunk, PART_BF16=bf16), 4, 3, maxnreg=mx)
     yield check(F._decode_fold_kernel, dict(base, BLOCK_N=128, CHUNK=16, STRIDED=True), 4, 3, maxnreg=128)
     yield check(F._decode_fold_kernel, dict(base, HAS_WINDOW=True, BLOCK_N=64, CHUNK=2), 4, 2)
+    for bn, st, strided in ((128, 3, False), (64, 3, True), (128, 2, True)):   # MERGE="kernel"
+        yield check(F._decode_fold_kernel, dict(base, TICKET=False, BLOCK_N=bn, CHUNK=16, STRIDED=strided), 4, st)
+    yield check(F._merge_kernel, dict(GROUP=8, HEAD_D=64, S_P2=64, PART_BF16=False), 1, 3)
 
 
 def window_rows():

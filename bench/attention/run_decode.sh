@@ -10,7 +10,7 @@ xdist=$(python3 -c "import xdist" 2>/dev/null && echo "-n 6")
 pt() { timeout "${TEST_CAP_S:-150}" python3 -m pytest -q -p no:cacheprovider --noconftest -o addopts="" "$@"; }
 pt $xdist tests/kernels/test_attention_gpu.py -k "decode or store or registered or bad_input" > "$OUT/tests_attention.log" 2>&1 &
 pids=$!
-for preset in ${PRESETS:-fold fold_strided_n64 fold_strided_s2}; do
+for preset in ${PRESETS:-combine kernel kernel_strided_n64}; do
   DAYZERO_DECODE_ATTENTION=$preset pt tests/kernels/test_cuda_graph_gpu.py > "$OUT/tests_graph_$preset.log" 2>&1 &
   pids="$pids $!"
 done
@@ -19,7 +19,7 @@ for p in $pids; do wait "$p" || trc=1; done
 tail -n 3 "$OUT"/tests_*.log | tee -a "$log"
 echo "tests rc=$trc ($(date -u +%H:%M:%S))" | tee -a "$log"
 timeout "${BENCH_CAP_S:-150}" python3 bench/attention/bench_attention.py --out "$OUT" \
-  --skip prefill,sdpa,chunked,probe,store --decode-big "$@" 2>&1 | tee -a "$log"
+  --skip prefill,sdpa,chunked,probe,store "$@" 2>&1 | tee -a "$log"
 brc=${PIPESTATUS[0]}
 echo "decode: tests rc=$trc bench rc=$brc" | tee -a "$log"
 [ "$trc" = 0 ] && [ "$brc" = 0 ]

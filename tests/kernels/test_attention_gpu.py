@@ -113,14 +113,16 @@ def test_decode_split_kv(window, num_splits):
 
 DECODE_VARIANTS = {  # the decode configs the benchmark may pick (PDL: programmatic dependent launch;
     "nopdl": dict(PDL=False),  # the default since the graph-vs-eager finding; "pdl" forces it on)
-    "two_kernel": dict(FOLD=False),  # split + combine kernels (the default before the fold)
-    "fold_c4_nocap": dict(CHUNK=4, maxnreg=0),
-    "fold_c8": dict(CHUNK=8),
-    "fold_bf16": dict(PART_BF16=True),
-    "fold_n64": dict(BLOCK_N=64),
-    "fold_strided": dict(STRIDED=True),
-    "fold_strided_s2": dict(STRIDED=True, num_stages=2),
-    "fold_strided_n64": dict(STRIDED=True, BLOCK_N=64),
+    "kernel": dict(MERGE="kernel", maxnreg=128),  # the fold module's split kernel + _merge_kernel
+    "kernel_bf16": dict(MERGE="kernel", PART_BF16=True, maxnreg=128),
+    "kernel_n64": dict(MERGE="kernel", BLOCK_N=64),
+    "kernel_strided_n64": dict(MERGE="kernel", STRIDED=True, BLOCK_N=64),
+    "kernel_strided_n64_s4": dict(MERGE="kernel", STRIDED=True, BLOCK_N=64, num_stages=4),
+    "kernel_strided_n32": dict(MERGE="kernel", STRIDED=True, BLOCK_N=32),
+    "kernel_strided_s2": dict(MERGE="kernel", STRIDED=True, num_stages=2, maxnreg=128),
+    "ticket": dict(MERGE="ticket", maxnreg=128),  # one launch, the merge by the last program
+    "ticket_c4_nocap": dict(MERGE="ticket", CHUNK=4),
+    "ticket_strided_n64_bf16": dict(MERGE="ticket", STRIDED=True, BLOCK_N=64, PART_BF16=True),
     "pdl": dict(PDL=True),
     "n64_pdl": dict(BLOCK_N=64, PDL=True),
     "n256w8_pdl": dict(BLOCK_N=256, num_warps=8, PDL=True),
@@ -146,17 +148,18 @@ def _tickets_zero(device) -> bool:
 
 
 @pytest.mark.parametrize("window", [0, 128])
-def test_decode_fold_deterministic_and_tickets_reset(window):
-    """The folded merge reads the splits in a fixed order: repeated calls are bitwise equal whatever
+def test_decode_ticket_deterministic_and_tickets_reset(window):
+    """MERGE="ticket": the folded merge reads the splits in a fixed order: repeated calls are bitwise equal whatever
     order the programs finished in; and every ticket counter is back at zero after each call
     (a counter left behind would make the next call's merge fire early or never)."""
     from dayzero.kernels.triton_attention import attention
 
     cached = [5000, 40000, 17, 1, 129, 3000, 800, 0]
     case = make_case([1] * len(cached), cached, window=window, sinks="mixed", seed=61 + window)
+    cfg = dict(MERGE="ticket")
     for ns in (2, 13, 64):
-        _check(case, max_seqlen_q=1, num_splits=ns)
-        outs = [attention(*case.args(), max_seqlen_q=1, num_splits=ns) for _ in range(20)]
+        _check(case, max_seqlen_q=1, num_splits=ns, config=cfg)
+        outs = [attention(*case.args(), max_seqlen_q=1, num_splits=ns, config=cfg) for _ in range(20)]
         torch.cuda.synchronize()
         assert _tickets_zero(case.q.device)
         assert all(torch.equal(o, outs[0]) for o in outs), f"num_splits={ns}: runs differ"

@@ -5,11 +5,9 @@ head and serves all ``GROUP = Hq // Hkv`` query heads of that KV head at once (t
 side of the tensor-core product, padded to 16), so each cached K/V byte is read once.
   * ``num_splits == 1``: the program also adds the new token's own key (from ``k``/``v``) and the
     sink, then writes the output. One launch.
-  * ``num_splits > 1`` with ``FOLD`` (default): one launch of triton_attention_fold.py's kernel,
-    whose last program per (sequence, KV head) merges the splits (atomic ticket).
-  * ``num_splits > 1`` otherwise (``FOLD=False``, or PDL on): programs write partial ``(m, l, acc)``
+  * ``num_splits > 1`` (``MERGE="combine"``, the default): programs write partial ``(m, l, acc)``
     per head; ``_combine_kernel`` merges the splits, then adds the new key and the sink (the sink
-    exactly once), then writes.
+    exactly once), then writes. ``MERGE="kernel"`` / ``"ticket"``: triton_attention_fold.py.
 Split boundaries are computed on the device from ``cached_lens`` (the same ``num_splits`` for every
 sequence), so a launch needs no host sync and has a fixed shape per batch size: CUDA-graph safe.
 ``PDL`` (config): both kernels are launched with programmatic dependent launch. The split kernel
@@ -22,8 +20,7 @@ window B=1 5.0 -> 3.8; off for one split, where the next kernel took SM slots fr
 engine's CUDA-graph and eager decode logits were no longer bitwise equal (up to 0.36 % of the
 logit scale alone, 2.8 % with other GPU work beside it; PDL off: equal), i.e. some read is not
 ordered as intended. Not found yet; ``PDL=None`` / ``True`` stay as opt-ins (bench/NOTES.md).
-With ``FOLD`` there is no second kernel to overlap, so PDL only applies to ``FOLD=False`` (PDL on
-selects the two-kernel path).
+PDL on always takes ``MERGE="combine"``.
 """
 
 from __future__ import annotations
@@ -179,24 +176,26 @@ def choose_num_splits(batch: int, num_kv_heads: int, max_kv_len: int, window: in
 # full-attention decode presets; DAYZERO_DECODE_ATTENTION=<name> picks one instead of the default
 # (side-by-side benchmarks and the engine's GPU tests under each candidate)
 DECODE_PRESETS = {
-    "fold": {},
-    "two_kernel": dict(FOLD=False),
-    "fold_strided_s2": dict(STRIDED=True, num_stages=2),
-    "fold_strided_n64": dict(STRIDED=True, BLOCK_N=64),
+    "combine": {},
+    "ticket": dict(MERGE="ticket", maxnreg=128),
+    "kernel": dict(MERGE="kernel", maxnreg=128),
+    "kernel_strided_n64": dict(MERGE="kernel", STRIDED=True, BLOCK_N=64),
+    "kernel_strided_s2": dict(MERGE="kernel", STRIDED=True, num_stages=2, maxnreg=128),
 }
+MERGES = ("combine", "kernel", "ticket")
 
 
 def default_decode_config(head_dim: int, window: int = 0) -> dict:
     """``PDL``: programmatic dependent launch of both kernels (True), only when the KV is split (None), or
-    never (False, the default: see the module docstring). ``FOLD``: with more than one split and PDL
-    off, merge the splits inside the split kernel (one launch, triton_attention_fold.py; ``CHUNK``
-    splits merged per step); False: the split kernel + ``_combine_kernel``."""
+    never (False, the default: see the module docstring). ``MERGE`` (more than one split, PDL off):
+    "combine" (default): this module's split kernel + ``_combine_kernel``; "kernel": the split kernel
+    of triton_attention_fold.py (new key and sink in split 0, ``STRIDED`` tiles possible) + its
+    ``_merge_kernel``; "ticket": that split kernel merging in its last program (one launch, ``CHUNK``
+    splits merged per step; measured slower in run 8: bench/NOTES.md)."""
     if window > 0:
-        return dict(BLOCK_N=64, num_warps=4, num_stages=2, PDL=False, FOLD=True, CHUNK=16)
-    # maxnreg 128: 4 programs per SM with the fold's merge (148-221 registers uncapped; ~10 spill
-    # instructions in the merge); the two-kernel split kernel needs 122
-    cfg = dict(BLOCK_N=128, num_warps=4, num_stages=3, PDL=False, FOLD=True, CHUNK=16, maxnreg=128)
-    preset = os.environ.get("DAYZERO_DECODE_ATTENTION", "fold")
+        return dict(BLOCK_N=64, num_warps=4, num_stages=2, PDL=False, MERGE="combine", CHUNK=16)
+    cfg = dict(BLOCK_N=128, num_warps=4, num_stages=3, PDL=False, MERGE="combine", CHUNK=16)
+    preset = os.environ.get("DAYZERO_DECODE_ATTENTION", "combine")
     if preset not in DECODE_PRESETS:
         raise ValueError(f"DAYZERO_DECODE_ATTENTION={preset!r}: choose one of {', '.join(DECODE_PRESETS)}")
     cfg.update(DECODE_PRESETS[preset])
@@ -210,15 +209,22 @@ def decode_attention(q, k, v, k_cache, v_cache, block_tables, cu_seqlens_q, cach
     cfg = dict(default_decode_config(q.shape[2], window))
     cfg.update(config or {})
     pdl = num_splits > 1 if cfg["PDL"] is None else bool(cfg["PDL"])
+    merge = cfg.pop("MERGE")
+    if merge not in MERGES:
+        raise ValueError(f"decode attention: MERGE must be one of {MERGES}, got {merge!r}")
     if not cfg.get("maxnreg", 1):
         cfg.pop("maxnreg")   # maxnreg=0: no cap
-    if num_splits > 1 and cfg.pop("FOLD") and not pdl:
+    if num_splits > 1 and merge != "combine" and not pdl:
+        cfg.pop("PDL")
+        group = q.shape[1] // k.shape[1]
+        if merge == "kernel":
+            launch_fold(cfg, group, num_splits, None, q, k, v, k_cache, v_cache, block_tables, cu_seqlens_q,
+                        cached_lens, sinks, scale * LOG2E, window, out, sync=False)
+            return out
         tickets = TICKETS.get(q.device, cached_lens.shape[0] * k.shape[1])
-        if tickets is not None:  # None: first call inside a graph capture (two launches this time)
-            cfg.pop("PDL")
-            launch_fold(cfg, q.shape[1] // k.shape[1], num_splits, tickets, q, k, v, k_cache, v_cache,
-                        block_tables, cu_seqlens_q, cached_lens, sinks, scale * LOG2E, window, out,
-                        sync=not interpreting())
+        if tickets is not None:  # None: first call inside a graph capture (the two-kernel path this time)
+            launch_fold(cfg, group, num_splits, tickets, q, k, v, k_cache, v_cache, block_tables, cu_seqlens_q,
+                        cached_lens, sinks, scale * LOG2E, window, out, sync=not interpreting())
             return out
     plan = DecodePlan.make(q, k, cached_lens, num_splits, window, config)
     launch_split(plan, q, k, v, k_cache, v_cache, block_tables, cu_seqlens_q, cached_lens, sinks, scale,
@@ -242,7 +248,7 @@ class DecodePlan:
         B = cached_lens.shape[0]
         cfg = dict(default_decode_config(D, window))
         cfg.update(config or {})
-        for key in ("FOLD", "CHUNK", "PART_BF16", "STRIDED"):
+        for key in ("MERGE", "CHUNK", "PART_BF16", "STRIDED"):
             cfg.pop(key, None)
         if not cfg.get("maxnreg", 1):
             cfg.pop("maxnreg")

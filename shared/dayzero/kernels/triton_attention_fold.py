@@ -1,18 +1,23 @@
-"""Triton split-KV decode attention in ONE launch: the splits are merged inside the split kernel.
+"""Triton split-KV decode attention, second version: the new key and the sink in split 0, optional
+strided tiles, and the merge either in a small second kernel or folded into the split kernel.
 
 Grid ``(num_splits, Hkv, B)`` as in triton_attention_decode.py: one program reads one slice of one
 sequence's cached keys of one KV head for all ``GROUP`` query heads of that KV head. Differences:
   * split 0 also takes the new token's own key/value and the sink into its partial, so the sink is
-    counted exactly once and the merge is a plain merge of partials;
-  * every program writes its partial ``(m, l, acc)`` (fp32, laid out ``[B, Hkv, S, GROUP(, D)]``),
-    then takes a ticket from its (sequence, KV head) counter (``atomic_add``, acq_rel, after a
-    gpu-scope fence in every thread and a CTA barrier). The program that draws the last ticket
-    resets the counter to zero, reads the ``S`` partials back from L2 (``.cg``: not from a stale L1)
-    in chunks of ``CHUNK`` splits with an online rescale, and writes the output.
-So there is no combine launch and no second grid to wait for (PDL is moot here). The counters live
-in a per-device int32 workspace that is zero before and after every call (no memset, no host sync,
-fixed shapes per batch: CUDA-graph safe). Calls must not run concurrently on two streams of one
-device (the engine runs one forward at a time).
+    counted exactly once and the merge is a plain merge of partials (``_merge_kernel``: one load
+    chain, the partials read together with cu, no q/k/v);
+  * the context length is read before the ``q_len == 0`` branch (cu and cl in one latency);
+  * ``STRIDED`` (full attention): program s takes tiles s, s + S, ...: its first pages are read
+    together with cu / cl, and each tile's pages one tile ahead (plain, not indirect, K/V loads, so
+    Triton's pipeline can double-buffer them at ``num_stages=3``);
+  * with ``tickets`` (``MERGE="ticket"``): every program writes its partial ``(m, l, acc)`` (fp32,
+    ``[B, Hkv, S, GROUP(, D)]``), fences, and takes a ticket from its (sequence, KV head) counter
+    (``atomic_add`` acq_rel); the program with the last ticket resets the counter, reads the ``S``
+    partials back (``.cg``) in chunks of ``CHUNK`` splits with an online rescale and writes the
+    output. One launch, but measured slower (run 8, bench/NOTES.md: the merge of 64 splits by one
+    program per KV head is latency-bound, ~1-5 us per chunk). The counters live in a per-device
+    int32 workspace that is zero before and after every call (CUDA-graph safe); calls must not run
+    concurrently on two streams of one device.
 """
 
 from __future__ import annotations
@@ -35,7 +40,8 @@ def _decode_fold_kernel(q_ptr, k_ptr, v_ptr, kc_ptr, vc_ptr, bt_ptr, cu_ptr, cl_
                         qk_scale, window, num_splits, bt_cols,
                         GROUP: tl.constexpr, G_P2: tl.constexpr, G_C: tl.constexpr, BS: tl.constexpr,
                         HEAD_D: tl.constexpr, BLOCK_N: tl.constexpr, HAS_WINDOW: tl.constexpr,
-                        CHUNK: tl.constexpr, PART_BF16: tl.constexpr, STRIDED: tl.constexpr, SYNC: tl.constexpr):
+                        CHUNK: tl.constexpr, PART_BF16: tl.constexpr, STRIDED: tl.constexpr, TICKET: tl.constexpr,
+                        SYNC: tl.constexpr):
     s = tl.program_id(0)
     hkv = tl.program_id(1)
     b = tl.program_id(2)
@@ -125,6 +131,8 @@ def _decode_fold_kernel(q_ptr, k_ptr, v_ptr, kc_ptr, vc_ptr, bt_ptr, cu_ptr, cl_
     else:
         part = acc
     tl.store(op_ptr + row[:, None] * HEAD_D + offs_d[None, :], part.to(op_ptr.dtype.element_ty), mask=g_ok[:, None])
+    if not TICKET:  # MERGE="kernel": _merge_kernel merges
+        return
     if SYNC:  # every thread's partial is at L2 before the ticket (no inline asm in the interpreter)
         _fence_gpu(offs_g)
     tl.debug_barrier()
@@ -163,6 +171,33 @@ def _decode_fold_kernel(q_ptr, k_ptr, v_ptr, kc_ptr, vc_ptr, bt_ptr, cu_ptr, cl_
                  out.to(o_ptr.dtype.element_ty), mask=c_ok[:, None])
 
 
+@triton.jit
+def _merge_kernel(cu_ptr, o_ptr, mp_ptr, lp_ptr, op_ptr, stride_ot, stride_oh, num_splits,
+                  GROUP: tl.constexpr, HEAD_D: tl.constexpr, S_P2: tl.constexpr, PART_BF16: tl.constexpr):
+    """Grid (Hq, B): merge one head's split partials (split 0 holds the new key and the sink)."""
+    h = tl.program_id(0)
+    b = tl.program_id(1)
+    offs_s = tl.arange(0, S_P2)
+    offs_d = tl.arange(0, HEAD_D)
+    s_ok = offs_s < num_splits
+    n_kv = tl.num_programs(0) // GROUP
+    row = ((b * n_kv + h // GROUP).to(tl.int64) * num_splits + offs_s) * GROUP + h % GROUP     # [S]
+    # the partials' addresses depend on no load: they are read together with cu
+    m_s = tl.load(mp_ptr + row, mask=s_ok, other=-1.0e30)
+    l_s = tl.load(lp_ptr + row, mask=s_ok, other=0.0)
+    o_s = tl.load(op_ptr + row[:, None] * HEAD_D + offs_d[None, :], mask=s_ok[:, None], other=0.0)
+    q_row = tl.load(cu_ptr + b)
+    if tl.load(cu_ptr + b + 1) == q_row:
+        return
+    w = tl.math.exp2(m_s - tl.max(m_s, 0))                                          # [S]
+    wl = l_s * w
+    if PART_BF16:
+        w = wl
+    acc = tl.sum(o_s.to(tl.float32) * w[:, None], 0)                                 # [D]
+    tl.store(o_ptr + q_row.to(tl.int64) * stride_ot + h * stride_oh + offs_d,
+             (acc / tl.sum(wl, 0)).to(o_ptr.dtype.element_ty))
+
+
 @dataclass
 class TicketPool:
     """Per-device int32 ticket counters, zero between calls (one per (sequence, KV head)). Grown only
@@ -185,10 +220,11 @@ class TicketPool:
 TICKETS = TicketPool()
 
 
-def launch_fold(cfg: dict, group: int, num_splits: int, tickets: torch.Tensor, q, k, v, k_cache, v_cache,
+def launch_fold(cfg: dict, group: int, num_splits: int, tickets: torch.Tensor | None, q, k, v, k_cache, v_cache,
                 block_tables, cu_seqlens_q, cached_lens, sinks, qk_scale: float, window: int,
                 out: torch.Tensor, sync: bool):
-    """One launch: split-KV decode with the merge folded in (``cfg``: BLOCK_N, CHUNK, PART_BF16 (partial
+    """Split-KV decode; ``tickets`` given: one launch, the merge folded in; None: the split kernel, then
+    ``_merge_kernel`` (``cfg``: BLOCK_N, CHUNK, PART_BF16 (partial
     outputs normalised and stored in bf16 instead of fp32), STRIDED (full attention: program s takes
     tiles s, s + S, ..., so its first pages are read before the context length arrives, and each
     tile's pages are read one tile ahead), num_warps, num_stages, maxnreg)."""
@@ -202,8 +238,9 @@ def launch_fold(cfg: dict, group: int, num_splits: int, tickets: torch.Tensor, q
     lp = torch.empty_like(mp)
     op = torch.empty((B, Hkv, num_splits, group, D), device=q.device,
                      dtype=torch.bfloat16 if part_bf16 else torch.float32)
-    return _decode_fold_kernel[(num_splits, Hkv, B)](
-        q, k, v, k_cache, v_cache, block_tables, cu_seqlens_q, cached_lens, sinks, out, mp, lp, op, tickets,
+    _decode_fold_kernel[(num_splits, Hkv, B)](
+        q, k, v, k_cache, v_cache, block_tables, cu_seqlens_q, cached_lens, sinks, out, mp, lp, op,
+        tickets if tickets is not None else mp,
         q.stride(0), q.stride(1), k.stride(0), k.stride(1), v.stride(0), v.stride(1),
         k_cache.stride(0), k_cache.stride(1), k_cache.stride(2),
         v_cache.stride(0), v_cache.stride(1), v_cache.stride(2),
@@ -211,4 +248,8 @@ def launch_fold(cfg: dict, group: int, num_splits: int, tickets: torch.Tensor, q
         qk_scale, window, num_splits, block_tables.shape[1],
         GROUP=group, G_P2=max(16, triton.next_power_of_2(group)), G_C=max(2, triton.next_power_of_2(group)),
         BS=k_cache.shape[1], HEAD_D=D, BLOCK_N=bn, HAS_WINDOW=window > 0, CHUNK=chunk,
-        PART_BF16=part_bf16, STRIDED=strided, SYNC=sync, **cfg)
+        PART_BF16=part_bf16, STRIDED=strided, TICKET=tickets is not None, SYNC=sync, **cfg)
+    if tickets is None:  # MERGE="kernel"
+        _merge_kernel[(q.shape[1], B)](cu_seqlens_q, out, mp, lp, op, out.stride(0), out.stride(1), num_splits,
+                                       GROUP=group, HEAD_D=D, S_P2=max(2, triton.next_power_of_2(num_splits)),
+                                       PART_BF16=part_bf16, num_warps=1)
