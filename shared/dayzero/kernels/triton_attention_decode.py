@@ -180,6 +180,8 @@ DECODE_PRESETS = {
     "ticket": dict(MERGE="ticket", maxnreg=128),
     "kernel": dict(MERGE="kernel", maxnreg=128),
     "kernel_strided_n64": dict(MERGE="kernel", STRIDED=True, BLOCK_N=64),
+    "kernel_strided_n64_s4": dict(MERGE="kernel", STRIDED=True, BLOCK_N=64, num_stages=4),
+    "kernel_strided_n32": dict(MERGE="kernel", STRIDED=True, BLOCK_N=32),
     "kernel_strided_s2": dict(MERGE="kernel", STRIDED=True, num_stages=2, maxnreg=128),
 }
 MERGES = ("combine", "kernel", "ticket")
