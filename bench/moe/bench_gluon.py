@@ -8,7 +8,8 @@ GPU mode writes DIR/moe-gluon.json: per E (default 32 and 128), 8192 tokens, top
 balanced routing: the whole MoE layer, each GEMM (ms, TFLOP/s useful) and the glue stages for each
 variant (``triton_large``: the Triton large-M kernels; ``op``: the Gluon configuration the registered
 op picks for the call, ``config_for``; ``gluon`` = ``gluon64``, ``gluon128*``: 64- / 128-row tiles)
-on the same weights and routing, with the full / half tile counts of 128-row alignments; every output
+on the same weights and routing, with the full / half tile counts of 128-row alignments (and, for
+``--trace-variants``, per-tile times from the kernel's trace: ``gluon_trace``); every output
 is checked against the torch FP8 reference (rel) and for unwritten / non-finite elements (out and y
 NaN-filled first).
 Compile mode compiles both GEMMs for sm_90 with Triton's bundled ptxas (registers, shared memory,
@@ -40,9 +41,12 @@ def _configs() -> dict:
             # 128-row tiles (gluon_moe_gemm128): the consumers split M and share the W tile
             "gluon128": BM128, "gluon128_s3": r(BM128, stages=3),
             "gluon128_g4": r(BM128, group_m=4), "gluon128_g16": r(BM128, group_m=16),
-            "gluon128_h1": r(BM128, half=1),
+            "gluon128_h1": r(BM128, half=1), "gluon128_h2": r(BM128, half=2), "gluon128_h4": r(BM128, half=4),
+            # the Triton path's glue (align_pairs + quantize_gathered_rows: four launches) instead of align_quant_pairs
+            "gluon64_glue0": r(BM64, glue=False), "gluon128_glue0": r(BM128, glue=False),
             # timing diagnostics (wrong results): where the time goes
-            "diag_w_once_per_tile": r(BM64, diag=1), "diag_a_once_per_tile": r(BM64, diag=2)}
+            "diag_w_once_per_tile": r(BM64, diag=1), "diag_a_once_per_tile": r(BM64, diag=2),
+            "diag128_half_w_once": r(BM128, half=3)}
 
 
 def compile_check(out: str | None, names: list[str] | None = None) -> int:
@@ -63,21 +67,22 @@ def compile_check(out: str | None, names: list[str] | None = None) -> int:
             continue
         bm = cfg.bm
         kern = moe_gemm_ws128_kernel if bm == 128 else moe_gemm_ws_kernel
-        al = gl.NVMMASharedLayout.get_default_for([bm, 128], gl.float8e4nv)
+        a_rows = 64 if bm == 128 and cfg.half >= 2 else bm
+        al = gl.NVMMASharedLayout.get_default_for([a_rows, 128], gl.float8e4nv)
         sal = gl.NVMMASharedLayout.get_default_for([1, bm], gl.float32)
         for epi in (1, 2):
             sig = {n: "i32" for n in kern.arg_names}
             sig.update(sa_desc=f"tensordesc<fp32[1, {bm}],{sal!r}>", sb_desc=f"tensordesc<fp32[8, 4],{sbl!r}>")
-            sig.update(a_desc=f"tensordesc<fp8e4nv[{bm}, 128],{al!r}>", b_desc=f"tensordesc<fp8e4nv[256, 128],{bl!r}>",
+            sig.update(a_desc=f"tensordesc<fp8e4nv[{a_rows}, 128],{al!r}>", b_desc=f"tensordesc<fp8e4nv[256, 128],{bl!r}>",
                        bias_ptr="*bf16", c_ptr="*fp8e4nv" if epi == 1 else "*bf16",
                        cs_ptr="*fp32", sorted_ids_ptr="*i32", block_expert_ptr="*i32", weights_ptr="*bf16",
-                       limit="fp32", alpha="fp32")
+                       limit="fp32", alpha="fp32", trace_ptr="*i64")
             consts = dict(EPI=epi, STAGES=cfg.stages, GROUP_M=cfg.group_m, CONSUMER_REGS=cfg.consumer_regs,
                           PRODUCER_REGS=cfg.producer_regs, num_warps=4)
             if bm == 64:
                 consts["DIAG"] = cfg.diag
             else:
-                consts["HALF"] = cfg.half
+                consts.update(HALF=cfg.half, TRACE=False)
             sig.update({k: "constexpr" for k in consts})
             b = build_sm90(GluonASTSource(kern, sig, consts), 4, maxnreg=cfg.maxnreg)
             rows.append(dict(config=name, bm=bm, gemm="gate_up" if epi == 1 else "down", stages=cfg.stages,
@@ -114,7 +119,8 @@ def _tile_stats(run) -> dict:
     return row
 
 
-def moe_layer(res, E: int, T: int, variants: list[str], balanced_variants: list[str]) -> None:
+def moe_layer(res, E: int, T: int, variants: list[str], balanced_variants: list[str],
+              trace_variants: tuple[str, ...] = ()) -> None:
     import torch
     from common import median_ms, random_experts, routing
 
@@ -151,6 +157,11 @@ def moe_layer(res, E: int, T: int, variants: list[str], balanced_variants: list[
             for stage in ("align", "quant", "combine"):                 # the glue (align last: same blocks)
                 row[f"{stage}_ms"] = median_ms(getattr(run, stage))
             row.update(_tile_stats(run))
+            if var in trace_variants and run.cfg.bm == 128 and run.gluon_ok():    # per-tile times (gluon_trace)
+                from gluon_trace import tile_times
+
+                row.update(tile_times(run, "gate_up"))
+                row.update(tile_times(run, "down"))
             res.add(**row)
             del run, out
 
@@ -163,6 +174,7 @@ def main() -> int:
     ap.add_argument("--balanced-variants", default="gluon64,gluon128")
     ap.add_argument("--tokens", type=int, default=8192)
     ap.add_argument("--experts", default="32,128", help="expert counts (one layer shape each)")
+    ap.add_argument("--trace-variants", default="", help="bm-128 variants also run once with the per-tile trace")
     args = ap.parse_args()
     if args.compile:
         return compile_check(args.out, args.variants.split(",") if args.variants != DEFAULT_VARIANTS else None)
@@ -172,7 +184,7 @@ def main() -> int:
     res = Results(os.environ.get("MOE_GLUON_NAME", "moe-gluon"))
     for E in (int(e) for e in args.experts.split(",")):
         res.section(f"moe_gluon_E{E}", moe_layer, E, args.tokens, [v for v in args.variants.split(",") if v],
-                    [v for v in args.balanced_variants.split(",") if v])
+                    [v for v in args.balanced_variants.split(",") if v], tuple(args.trace_variants.split(",")))
         res.write(args.out or ".")
     print("wrote", res.write(args.out or "."), "errors:", len(res.errors))
     return 0

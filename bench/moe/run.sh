@@ -31,6 +31,6 @@ step small_graph "${MOE_SMALL_GRAPH_S:-90}" python3 -m pytest -q -p no:cacheprov
   tests/kernels/test_cuda_graph_gpu.py
 # ncu of the T = 1 split-K gate_up kernel (default tiles, then g64_d128) where ncu is installed (MOE_STEPS=...,small_ncu): $OUT/ncu-small.txt
 step small_ncu "${MOE_SMALL_NCU_S:-60}" sh -c 'command -v ncu >/dev/null || { echo "ncu: not installed"; exit 0; }; ncu --clock-control none --kernel-name regex:gate_up --launch-count 2 --section SpeedOfLight --section MemoryWorkloadAnalysis --section WarpStateStats --section Occupancy --section LaunchStats python3 bench/moe/profile_small.py >"$1/ncu-small.txt" 2>&1; r=$?; grep -v "^==PROF==" "$1/ncu-small.txt" | tail -170; exit $r' _ "$OUT"
-step gluon "${MOE_GLUON_TIMEOUT:-330}" sh -c 'timeout "${MOE_GLUON_TEST_S:-150}" python3 -m pytest -q -p no:cacheprovider --noconftest -o addopts="" --timeout 60 --timeout-method thread ${MOE_GLUON_TESTS:-tests/kernels/test_moe_gluon_gpu.py} >"$1/gluon-tests.log" 2>&1; r=$?; cat "$1/gluon-tests.log"; grep -q Timeout "$1/gluon-tests.log" && exit 1; timeout "${MOE_GLUON_BENCH_S:-170}" python3 bench/moe/bench_gluon.py --out "$1" ${MOE_GLUON_ARGS:-} || r=1; exit $r' _ "$OUT"  # Gluon warp-specialised prefill GEMMs (not in the default list: MOE_STEPS=gluon; MOE_GLUON_TESTS: pytest selection)
+step gluon "${MOE_GLUON_TIMEOUT:-330}" bash bench/moe/gluon_step.sh "$OUT"  # Gluon warp-specialised prefill GEMMs (not in the default list: MOE_STEPS=gluon; knobs in gluon_step.sh)
 echo "moe: rc=$rc" | tee -a "$log"
 exit $rc

@@ -121,18 +121,75 @@ def test_gluon_moe_half_tiles_one_warpgroup():
     run_case(2048, 32, 2880, 2880, 4, seed=42, cfg=cfg)
 
 
+@pytest.mark.parametrize("half", [2, 4])
+def test_gluon_moe_half_tile_modes(half):
+    """128-row tiles, HALF 2 (a half tile loads only A's 64 real rows) and HALF 4 (a half tile run right
+    after its expert's full tile by the same CTA): all half tiles, a mix with merges, skewed routing."""
+    from dayzero.kernels.gluon_moe_gemm_run import BM128
+    from test_moe_gpu import make_experts, route, skewed_ids
+
+    cfg = dataclasses.replace(BM128, half=half)
+    run_case(300, 32, 2880, 2880, 4, seed=61 + half, cfg=cfg)
+    run_case(2048, 32, 2880, 2880, 4, seed=62 + half, cfg=cfg)
+    run_case(37, 6, 208, 336, 2, seed=63 + half, cfg=cfg)
+    q, d = make_experts(32, 2880, 2880, seed=64 + half)
+    x, w, _ = route(1500, 32, 4, 2880, seed=65 + half)
+    check(x, w, skewed_ids(1500, 4).to(DEV), q, d, cfg)
+
+
+def test_gluon_moe_triton_glue():
+    """GluonConfig.glue False: align and quantization as on the Triton path (four launches)."""
+    from dayzero.kernels.gluon_moe_gemm_run import BM64, BM128
+
+    run_case(2048, 32, 2880, 2880, 4, seed=71, cfg=dataclasses.replace(BM128, glue=False))
+    run_case(700, 32, 2880, 2880, 4, seed=72, cfg=dataclasses.replace(BM64, glue=False))
+
+
+@pytest.mark.parametrize("bm", [64, 128])
+def test_align_quant_pairs_matches_two_step_glue(bm):
+    """align_quant_pairs == align_pairs + quantize_gathered_rows: the same M blocks, padding slots and,
+    for every routed pair, bitwise the same quantized row and scales (slots inside a run may differ)."""
+    pytest.importorskip("triton")
+    from dayzero.kernels.triton_linear import quantize_gathered_rows
+    from dayzero.kernels.triton_moe_align import align_pairs, align_quant_pairs
+
+    for T, E, k, offset, E_glob in ((1000, 128, 4, 0, 128), (333, 8, 4, 8, 32), (3, 32, 4, 0, 32)):
+        g = torch.Generator(device=DEV).manual_seed(T + bm)
+        x = (torch.randn(T, 2880, device=DEV, generator=g) * 2).bfloat16()
+        ids = torch.rand(T, E_glob, device=DEV, generator=g).topk(k, dim=1).indices
+        al0 = align_pairs(ids, E, bm, offset)
+        q0, s0 = quantize_gathered_rows(x, al0.sorted_ids, al0.block_expert, al0.num_pairs, k, bm)
+        poison()
+        al1, q1, s1 = align_quant_pairs(x, ids, E, bm, offset)
+        P = T * k
+        assert torch.equal(al0.block_expert, al1.block_expert)
+        used = (al0.block_expert >= 0).repeat_interleave(bm)
+        assert torch.equal((al0.sorted_ids == P) & used, (al1.sorted_ids == P) & used)
+        rows = []
+        for al in (al0, al1):
+            real = used & (al.sorted_ids < P)
+            r = torch.full((P,), -1, dtype=torch.long, device=DEV)
+            r[al.sorted_ids[real].long()] = torch.nonzero(real).flatten()
+            rows.append(r)
+        assert torch.equal(rows[0] >= 0, rows[1] >= 0)
+        m = rows[0] >= 0
+        assert torch.equal(q0[rows[0][m]].view(torch.uint8), q1[rows[1][m]].view(torch.uint8))
+        assert torch.equal(s0[:, rows[0][m]], s1[:, rows[1][m]])
+
+
 def test_registered_op_tile_rows_by_load(monkeypatch):
-    """The registered op takes 128-row tiles from 1024 routed rows an expert on average (64-row below);
-    DAYZERO_MOE_GLUON_BM forces either; outputs equal the configuration's own run."""
+    """The registered op takes 128-row tiles from BM128_MIN_ROWS_PER_EXPERT routed rows an expert on
+    average (64-row below); DAYZERO_MOE_GLUON_BM forces either; outputs equal the configuration's own run."""
     pytest.importorskip("triton")
     if not _hopper():
         pytest.skip("the Gluon MoE GEMM is written for sm_90 (wgmma)")
-    from dayzero.kernels.gluon_moe_gemm_run import BM64, BM128, config_for, fused_moe_gluon
+    from dayzero.kernels.gluon_moe_gemm_run import BM64, BM128, BM128_MIN_ROWS_PER_EXPERT, config_for, fused_moe_gluon
     from dayzero.kernels.registry import get_ops
     from test_moe_gpu import make_experts, route
 
     monkeypatch.delenv("DAYZERO_MOE_GLUON_BM", raising=False)
-    E, T = 8, 2048                                                         # 1024 rows an expert
+    E = 8
+    T = BM128_MIN_ROWS_PER_EXPERT * E // 4                                  # the threshold's rows an expert
     assert config_for(T * 4, E) == BM128 and config_for(T * 4 - 4, E) == BM64
     q, d = make_experts(E, 2880, 2880, seed=51)
     x, w, ids = route(T, E, 4, 2880, seed=52)

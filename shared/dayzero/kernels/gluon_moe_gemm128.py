@@ -12,7 +12,10 @@ Same operands, numerics and epilogues as ``gluon_moe_gemm`` (read its docstring 
     one promotes. A stage is released after both.
   * a *half tile* (rows 64-127 all padding: the expert's run ends in the first half): by default the
     consumers split N for it as in ``gluon_moe_gemm`` (HALF 0); HALF 1 gives it to warpgroup 0 alone;
-    a weight block past N skips its wgmma.
+    HALF 2 splits N and loads only A's 64 real rows (A as two 64-row boxes, the second skipped);
+    HALF 3 = HALF 2 with a half tile's W loaded at its first K step only (timing diagnostic, wrong
+    results); HALF 4 = HALF 2 with a half tile merged into the CTA of the expert's full tile before it,
+    run right after it (``gluon_moe_walk``); a weight block past N skips its wgmma.
 Gate_up epilogue: a row's 128 h columns (one 1x128 quantization group) are all in one warpgroup, so
 the row amax needs no exchange. Down epilogue: ``(+ b2) * routing weight``, rows scattered to pair order.
 Imported only by ``gluon_moe_gemm_run`` (Gluon path selected).
@@ -27,6 +30,7 @@ from triton.experimental.gluon.language.nvidia.hopper import (fence_async_shared
 
 from .gluon_moe_epi import _pin, _store_h, _store_y, _swiglu
 from .gluon_moe_gemm import _count_used_blocks, _tile_coords
+from .gluon_moe_walk import _next, _now, _tile_plan, _trace
 
 BM = gl.constexpr(128)    # rows of a tile (= the align block)
 HM = gl.constexpr(64)     # rows per consumer warpgroup
@@ -38,29 +42,56 @@ SCALE_FLOOR = gl.constexpr(1e-10)
 
 
 @gluon.jit
-def _producer(p, EPI: gl.constexpr, STAGES: gl.constexpr, GROUP_M: gl.constexpr):
-    """1 warp: TMA loads of A [BM, BK], W [BN, BK] and the step's scales for every K step of every tile."""
+def _load_tile(p, pid_m, pid_n, e, full, it, STAGES: gl.constexpr, HALF: gl.constexpr):
+    """The TMA loads of one tile's K steps (A [BM, BK], W [BN, BK], the step's scales); returns it.
+    HALF >= 2: A as two [HM, BK] boxes, the second skipped for a half tile; HALF 3 (timing diagnostic,
+    wrong results) also loads a half tile's W only at its first K step."""
     (a_desc, b_desc, sa_desc, sb_desc, a_bufs, b_bufs, sa_bufs, sb_bufs, ready, empty, xbar, amax_smem, bias_ptr,
      c_ptr, cs_ptr, sorted_ids_ptr, block_expert_ptr, weights_ptr, used_m, N, K, num_pairs, num_kb, stride_biase,
      stride_cm, stride_cs, limit, alpha) = p
-    nk = gl.cdiv(K, BK)
-    num_pid_n = gl.cdiv(N, BN)
-    it = 0
-    for tile in range(gl.program_id(0), used_m * num_pid_n, gl.num_programs(0)):
-        pid_m, pid_n = _tile_coords(tile, used_m, num_pid_n, GROUP_M)
-        e = gl.load(block_expert_ptr + pid_m)
-        row_b = e * N + pid_n * BN
-        col_sb = (pid_n * (BN // 128)) // 4 * 4                          # 16-byte aligned group of blocks
-        for kb in range(nk):
-            s = it % STAGES
-            bar = ready.index(s)
-            mbarrier.wait(empty.index(s), ((it // STAGES) & 1) ^ 1)
+    row_b = e * N + pid_n * BN
+    col_sb = (pid_n * (BN // 128)) // 4 * 4                              # 16-byte aligned group of blocks
+    for kb in range(gl.cdiv(K, BK)):
+        s = it % STAGES
+        bar = ready.index(s)
+        mbarrier.wait(empty.index(s), ((it // STAGES) & 1) ^ 1)
+        if HALF < 2:
             mbarrier.expect(bar, BM * BK + BN * BK + BM * 4 + 8 * 16)
             tma.async_copy_global_to_shared(a_desc, [pid_m * BM, kb * BK], bar, a_bufs.index(s))
             tma.async_copy_global_to_shared(b_desc, [row_b, kb * BK], bar, b_bufs.index(s))
-            tma.async_copy_global_to_shared(sa_desc, [kb, pid_m * BM], bar, sa_bufs.index(s))
-            tma.async_copy_global_to_shared(sb_desc, [e * num_kb + kb, col_sb], bar, sb_bufs.index(s))
-            it += 1
+        else:
+            w_on = full or kb == 0 or HALF != 3
+            mbarrier.expect(bar, BM * BK + BN * BK + BM * 4 + 8 * 16, pred=full)
+            mbarrier.expect(bar, HM * BK + BN * BK + BM * 4 + 8 * 16, pred=(not full) and w_on)
+            mbarrier.expect(bar, HM * BK + BM * 4 + 8 * 16, pred=not w_on)
+            tma.async_copy_global_to_shared(a_desc, [pid_m * BM, kb * BK], bar, a_bufs.index(s).slice(0, HM))
+            tma.async_copy_global_to_shared(a_desc, [pid_m * BM + HM, kb * BK], bar, a_bufs.index(s).slice(HM, HM),
+                                            pred=full)
+            tma.async_copy_global_to_shared(b_desc, [row_b, kb * BK], bar, b_bufs.index(s), pred=w_on)
+        tma.async_copy_global_to_shared(sa_desc, [kb, pid_m * BM], bar, sa_bufs.index(s))
+        tma.async_copy_global_to_shared(sb_desc, [e * num_kb + kb, col_sb], bar, sb_bufs.index(s))
+        it += 1
+    return it
+
+
+@gluon.jit
+def _producer(p, EPI: gl.constexpr, STAGES: gl.constexpr, GROUP_M: gl.constexpr, HALF: gl.constexpr):
+    """1 warp: the loads of every K step of every tile of this CTA (HALF 4: a merged half tile's right
+    after its full tile's, ``gluon_moe_walk``)."""
+    (a_desc, b_desc, sa_desc, sb_desc, a_bufs, b_bufs, sa_bufs, sb_bufs, ready, empty, xbar, amax_smem, bias_ptr,
+     c_ptr, cs_ptr, sorted_ids_ptr, block_expert_ptr, weights_ptr, used_m, N, K, num_pairs, num_kb, stride_biase,
+     stride_cm, stride_cs, limit, alpha) = p
+    num_pid_n = gl.cdiv(N, BN)
+    it = 0
+    tile = gl.program_id(0)
+    sub = 0                                                                 # 1: the merged half tile (HALF 4)
+    while tile < used_m * num_pid_n:
+        pid_m, pid_n = _tile_coords(tile, used_m, num_pid_n, GROUP_M)
+        e = gl.load(block_expert_ptr + pid_m)
+        full, run_self, merge_next = _tile_plan(sorted_ids_ptr, block_expert_ptr, pid_m, e, used_m, num_pairs, HALF)
+        if run_self or sub == 1:
+            it = _load_tile(p, pid_m + sub, pid_n, e, full and sub == 0, it, STAGES, HALF)
+        tile, sub = _next(tile, sub, merge_next)
 
 
 @gluon.jit
@@ -126,35 +157,44 @@ def _k_loop1(a_bufs, b_bufs, sa_bufs, sb_bufs, ready, empty, it, nk, j_sb, WG: g
 
 
 @gluon.jit
-def _consumer0(p, EPI: gl.constexpr, STAGES: gl.constexpr, GROUP_M: gl.constexpr, HALF: gl.constexpr):
-    _consumer(p, 0, EPI, STAGES, GROUP_M, HALF)
+def _consumer0(p, EPI: gl.constexpr, STAGES: gl.constexpr, GROUP_M: gl.constexpr, HALF: gl.constexpr, trace_ptr,
+               TRACE: gl.constexpr):
+    _consumer(p, 0, EPI, STAGES, GROUP_M, HALF, trace_ptr, TRACE)
 
 
 @gluon.jit
-def _consumer1(p, EPI: gl.constexpr, STAGES: gl.constexpr, GROUP_M: gl.constexpr, HALF: gl.constexpr):
-    _consumer(p, 1, EPI, STAGES, GROUP_M, HALF)
+def _consumer1(p, EPI: gl.constexpr, STAGES: gl.constexpr, GROUP_M: gl.constexpr, HALF: gl.constexpr, trace_ptr,
+               TRACE: gl.constexpr):
+    _consumer(p, 1, EPI, STAGES, GROUP_M, HALF, trace_ptr, False)
 
 
 @gluon.jit
 def _consumer(p, WG: gl.constexpr, EPI: gl.constexpr, STAGES: gl.constexpr, GROUP_M: gl.constexpr,
-              HALF: gl.constexpr):
+              HALF: gl.constexpr, trace_ptr, TRACE: gl.constexpr):
     """4 warps, every tile of this CTA. Full tile: rows [WG * HM, (WG + 1) * HM), all BN columns. Half
-    tile (rows 64-127 all padding): HALF 0: rows 0-63, weight block WG (the consumers split N, as in
-    ``gluon_moe_gemm``; the gate_up row amax is exchanged through shared memory); HALF 1: warpgroup 0
-    alone, as in a full tile, while warpgroup 1 only releases the stages."""
+    tile (rows 64-127 all padding): HALF 0 / 2 / 3: rows 0-63, weight block WG (the consumers split N, as
+    in ``gluon_moe_gemm``; the gate_up row amax is exchanged through shared memory); HALF 1: warpgroup 0
+    alone, as in a full tile, while warpgroup 1 only releases the stages; HALF 4: as 2, a half tile
+    run right after the same expert's full tile (``gluon_moe_walk``). TRACE (warpgroup 0): per-tile
+    start / end times into trace_ptr."""
     (a_desc, b_desc, sa_desc, sb_desc, a_bufs, b_bufs, sa_bufs, sb_bufs, ready, empty, xbar, amax_smem, bias_ptr,
      c_ptr, cs_ptr, sorted_ids_ptr, block_expert_ptr, weights_ptr, used_m, N, K, num_pairs, num_kb, stride_biase,
      stride_cm, stride_cs, limit, alpha) = p
     num_pid_n = gl.cdiv(N, BN)
     it = 0
     hcount = 0                                                              # half tiles seen (amax exchange phase)
-    for tile in range(gl.program_id(0), used_m * num_pid_n, gl.num_programs(0)):
+    tile = gl.program_id(0)
+    sub = 0                                                                 # 1: the merged half tile (HALF 4)
+    while tile < used_m * num_pid_n:
         pid_m, pid_n = _tile_coords(tile, used_m, num_pid_n, GROUP_M)
         e = gl.load(block_expert_ptr + pid_m)
-        if gl.load(sorted_ids_ptr + pid_m * BM + HM) < num_pairs:          # rows 64-127 hold a routed pair
+        t0 = _now()                                                         # (kept only with TRACE)
+        full, run_self, merge_next = _tile_plan(sorted_ids_ptr, block_expert_ptr, pid_m, e, used_m, num_pairs, HALF)
+        if full and sub == 0:
             it = _full_tile(p, pid_m, pid_n, e, it, WG, EPI, STAGES)
-        elif HALF == 0:
-            it, hcount = _half_tile(p, pid_m, pid_n, e, it, hcount, WG, EPI, STAGES)
+        elif HALF != 1:  # HALF 0, 2, 3, 4: the consumers split N
+            if run_self or sub == 1:
+                it, hcount = _half_tile(p, pid_m + sub, pid_n, e, it, hcount, WG, EPI, STAGES)
         elif WG == 0:  # HALF 1: warpgroup 0 alone takes rows 0-63 and both weight blocks
             it = _full_tile(p, pid_m, pid_n, e, it, 0, EPI, STAGES)
         else:
@@ -163,6 +203,9 @@ def _consumer(p, WG: gl.constexpr, EPI: gl.constexpr, STAGES: gl.constexpr, GROU
                 mbarrier.wait(ready.index(s), (it // STAGES) & 1)
                 mbarrier.arrive(empty.index(s))
                 it += 1
+        if TRACE:
+            _trace(trace_ptr, tile * 2 + sub, t0, pid_m + sub, full and sub == 0, run_self or sub == 1, merge_next)
+        tile, sub = _next(tile, sub, merge_next)
 
 
 @gluon.jit
@@ -268,9 +311,9 @@ def moe_gemm_ws128_kernel(
     sorted_ids_ptr, block_expert_ptr, weights_ptr,
     num_blocks_m, N, K, num_pairs, num_kb,
     stride_biase, stride_cm, stride_cs,
-    limit, alpha,
+    limit, alpha, trace_ptr,
     EPI: gl.constexpr, STAGES: gl.constexpr, GROUP_M: gl.constexpr, CONSUMER_REGS: gl.constexpr,
-    PRODUCER_REGS: gl.constexpr, num_warps: gl.constexpr, HALF: gl.constexpr = 0,
+    PRODUCER_REGS: gl.constexpr, num_warps: gl.constexpr, HALF: gl.constexpr = 0, TRACE: gl.constexpr = False,
 ):
     a_bufs = gl.allocate_shared_memory(gl.float8e4nv, [STAGES, BM, BK], a_desc.layout)
     b_bufs = gl.allocate_shared_memory(gl.float8e4nv, [STAGES, BN, BK], b_desc.layout)
@@ -290,5 +333,6 @@ def moe_gemm_ws128_kernel(
     p = (a_desc, b_desc, sa_desc, sb_desc, a_bufs, b_bufs, sa_bufs, sb_bufs, ready, empty, xbar, amax_smem, bias_ptr,
          c_ptr, cs_ptr, sorted_ids_ptr, block_expert_ptr, weights_ptr, used_m, N, K, num_pairs, num_kb, stride_biase,
          stride_cm, stride_cs, limit, alpha)
-    gl.warp_specialize([(_consumer0, (p, EPI, STAGES, GROUP_M, HALF)), (_consumer1, (p, EPI, STAGES, GROUP_M, HALF)),
-                        (_producer, (p, EPI, STAGES, GROUP_M))], [4, 1], [CONSUMER_REGS, PRODUCER_REGS])
+    gl.warp_specialize([(_consumer0, (p, EPI, STAGES, GROUP_M, HALF, trace_ptr, TRACE)),
+                        (_consumer1, (p, EPI, STAGES, GROUP_M, HALF, trace_ptr, TRACE)),
+                        (_producer, (p, EPI, STAGES, GROUP_M, HALF))], [4, 1], [CONSUMER_REGS, PRODUCER_REGS])

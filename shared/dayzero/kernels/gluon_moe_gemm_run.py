@@ -3,8 +3,10 @@ descriptors, and ``GluonMoeRun``, the large-M ``MoeRun`` whose gate_up and down 
 
 Everything else of the MoE call (align, quantization into sorted order, combine) is the Triton large
 path's (``triton_moe.LARGE``: x quantized 1x128 into sorted order), with align blocks of the kernel's
-tile rows: 64 (``gluon_moe_gemm``) or 128 (``GluonConfig.bm = 128``: ``gluon_moe_gemm128``). Operands the
-kernel cannot take (TMA alignment, non-contiguous weights) fall back to the Triton GEMMs.
+tile rows: 64 (``gluon_moe_gemm``) or 128 (``GluonConfig.bm = 128``: ``gluon_moe_gemm128``); by default
+align and quantization run as one glue step of three launches (``triton_moe_align.align_quant_pairs``,
+``GluonConfig.glue``). Operands the kernel cannot take (TMA alignment, non-contiguous weights) fall back
+to the Triton GEMMs.
 Importing this module imports triton's Gluon: callers import it only when the Gluon path is selected.
 """
 
@@ -22,7 +24,7 @@ from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
 from .gluon_moe_gemm import moe_gemm_ws_kernel
 from .gluon_moe_gemm128 import moe_gemm_ws128_kernel
 from .triton_moe import LARGE, SWIGLU_ALPHA, MoeRun
-from .triton_moe_align import AlignedPairs
+from .triton_moe_align import AlignedPairs, align_quant_pairs
 from .triton_moe_gemm import tma_ok
 from .types import ExpertWeights
 
@@ -46,7 +48,11 @@ class GluonConfig:
     bm: int = 64               # tile rows = align block: 64 (gluon_moe_gemm: the consumers split N) or
                                # 128 (gluon_moe_gemm128: the consumers split M and share the W tile)
     half: int = 0              # bm 128, tiles whose rows 64-127 are padding: 0 = the consumers split N,
-                               # 1 = warpgroup 0 alone (gluon_moe_gemm128)
+                               # 1 = warpgroup 0 alone, 2 = split N loading only A's 64 real rows, 3 = 2 with
+                               # the W tile loaded once (timing diagnostic, WRONG results), 4 = 2 with a half
+                               # tile run right after its expert's full tile, same CTA (gluon_moe_walk)
+    glue: bool = True          # align + x quantization in three launches (align_quant_pairs); False: the
+                               # Triton path's four (align_pairs, quantize_gathered_rows)
 
 
 BM64 = GluonConfig()
@@ -85,22 +91,27 @@ def _desc(t: torch.Tensor, block: list[int], dtype) -> TensorDescriptor:
 
 def gemm_ws(a: torch.Tensor, a_scale_t: torch.Tensor, w: torch.Tensor, w_scale_k: torch.Tensor, bias: torch.Tensor,
             out: torch.Tensor, out_scale_t: torch.Tensor | None, al: AlignedPairs, weights: torch.Tensor, *,
-            K: int, N: int, epi: int, limit: float, cfg: GluonConfig = DEFAULT) -> None:
+            K: int, N: int, epi: int, limit: float, cfg: GluonConfig = DEFAULT,
+            trace: torch.Tensor | None = None) -> None:
     """a [Mpad, >= K] fp8 (sorted rows), a_scale_t [ceil(K/128), Mpad] fp32; w [E, N, K] fp8 contiguous,
     w_scale_k = block_scales_by_k(w_scale); epi 1 -> out = h [Mpad, N/2] fp8 + out_scale_t; epi 2 -> out =
-    y [P, N] (pair order)."""
+    y [P, N] (pair order). trace (bm 128, diagnostic): int64 [>= tiles, 4] of per-tile start / end ns,
+    M block and kind (``gluon_moe_walk._trace``)."""
     bm = cfg.bm
     if bm not in (64, 128) or al.block_m != bm:
         raise ValueError(f"the Gluon MoE GEMM needs {bm}-row align blocks (64 or 128), got {al.block_m}")
     if bm == 128 and cfg.diag:
         raise ValueError("the timing diagnostics exist for the 64-row kernel only")
+    if cfg.half not in (0, 1, 2, 3, 4) or (trace is not None and bm != 128):
+        raise ValueError(f"half must be 0-4 and a trace needs 128-row tiles (half {cfg.half}, bm {bm})")
     if not w.is_contiguous():
         raise ValueError("the Gluon MoE GEMM needs contiguous expert weights")
     E = w.shape[0]
     nbm = al.padded_rows // bm
     sms = torch.cuda.get_device_properties(a.device).multi_processor_count
     progs = max(1, min(cfg.programs_per_sm * sms, nbm * triton.cdiv(N, BN)))
-    args = (_desc(a, [bm, BK], gl.float8e4nv), _desc(a_scale_t, [1, bm], gl.float32),
+    a_rows = 64 if bm == 128 and cfg.half >= 2 else bm                     # HALF 2 / 3: A as two 64-row boxes
+    args = (_desc(a, [a_rows, BK], gl.float8e4nv), _desc(a_scale_t, [1, bm], gl.float32),
             _desc(w.view(E * N, w.shape[2]), [BN, BK], gl.float8e4nv), _desc(w_scale_k, [8, 4], gl.float32),
             bias, out, out_scale_t if out_scale_t is not None else out, al.sorted_ids, al.block_expert, weights,
             nbm, N, K, al.num_pairs, triton.cdiv(K, BK), bias.stride(0), out.stride(0),
@@ -108,7 +119,8 @@ def gemm_ws(a: torch.Tensor, a_scale_t: torch.Tensor, w: torch.Tensor, w_scale_k
     consts = dict(EPI=epi, STAGES=cfg.stages, GROUP_M=cfg.group_m, CONSUMER_REGS=cfg.consumer_regs,
                   PRODUCER_REGS=cfg.producer_regs, num_warps=4, maxnreg=cfg.maxnreg)
     if bm == 128:
-        moe_gemm_ws128_kernel[(progs, )](*args, HALF=cfg.half, **consts)
+        moe_gemm_ws128_kernel[(progs, )](*args, trace if trace is not None else out, HALF=cfg.half,
+                                         TRACE=trace is not None, **consts)
     else:
         moe_gemm_ws_kernel[(progs, )](*args, DIAG=cfg.diag, **consts)
 
@@ -120,6 +132,15 @@ class GluonMoeRun(MoeRun):
                  limit: float, cfg: GluonConfig = DEFAULT) -> None:
         super().__init__(x, weights, ids, experts, limit, tiles=dataclasses.replace(LARGE, bm=cfg.bm), small=False)
         self.cfg = cfg
+
+    def align(self) -> None:
+        if not self.cfg.glue:
+            return super().align()
+        self.al, self.xq, self.xs_t = align_quant_pairs(self.x, self.ids, self.E, self.tiles.bm, self.offset)
+
+    def quant(self) -> None:
+        if not self.cfg.glue:            # else done by align
+            super().quant()
 
     def gluon_ok(self) -> bool:
         ex = self.experts

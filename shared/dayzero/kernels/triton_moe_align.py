@@ -9,6 +9,12 @@ Three small Triton kernels, no host synchronisation, static shapes (CUDA-graph f
 The order of pairs inside an expert's run is therefore not fixed, but every GEMM row is computed
 independently of its neighbours, so results do not depend on it. The padded length is the worst
 case ``P + E * (BM - 1)``; blocks past the real end get expert -1 and the GEMMs return at once.
+
+``align_quant_pairs`` (the Gluon prefill path's glue) does the same in three launches with the 1x128
+FP8 quantization of x folded into the scatter: each pair quantizes its token's row straight into its
+sorted slot, and the expert of every M block is filled by extra programs of that launch (not by the
+one-program scan's serial loop). Padding rows of q / s_t are left unwritten: every GEMM row depends
+only on its own A row and padding rows are never stored, so they cannot reach the output.
 """
 
 from __future__ import annotations
@@ -18,6 +24,8 @@ from dataclasses import dataclass
 import torch
 import triton
 import triton.language as tl
+
+from .triton_linear import FP8_MAX, GROUP, SCALE_FLOOR
 
 CHUNK = 1024  # pairs per count/scatter program
 
@@ -54,11 +62,19 @@ def _count_kernel(ids_ptr, counts_ptr, P, offset, E, CH: tl.constexpr, EB: tl.co
 
 @triton.jit
 def _scan_kernel(counts_ptr, cursor_ptr, sorted_ids_ptr, block_expert_ptr, num_chunks, E, P, num_blocks,
-                 BM: tl.constexpr, EB: tl.constexpr, NBT: tl.constexpr):
+                 BM: tl.constexpr, EB: tl.constexpr, NBT: tl.constexpr, pend_ptr=None, BLOCKS: tl.constexpr = True,
+                 CB: tl.constexpr = 16):
     ex = tl.arange(0, EB)
     tot = tl.zeros((EB,), tl.int32)
-    for c in range(num_chunks):
-        tot += tl.load(counts_ptr + c * EB + ex)
+    if BLOCKS:
+        for c in range(num_chunks):
+            tot += tl.load(counts_ptr + c * EB + ex)
+    else:  # CB chunks' histograms per load (not one dependent load per chunk)
+        cb = tl.arange(0, CB)
+        for c0 in range(0, num_chunks, CB):
+            c = c0 + cb
+            tot += tl.sum(tl.load(counts_ptr + c[:, None] * EB + ex[None, :], mask=(c < num_chunks)[:, None],
+                                  other=0), axis=0)
     tot = tl.where(ex < E, tot, 0)
     padded = (tot + BM - 1) // BM * BM
     pend = tl.cumsum(padded, 0)
@@ -67,13 +83,16 @@ def _scan_kernel(counts_ptr, cursor_ptr, sorted_ids_ptr, block_expert_ptr, num_c
     j = tl.arange(0, BM)
     slot = (pstart + tot)[:, None] + j[None, :]                          # padding rows of each run
     tl.store(sorted_ids_ptr + slot, P, mask=(slot < pend[:, None]) & (ex < E)[:, None])
-    total = tl.sum(padded, 0)
-    pend_e = tl.where(ex < E, pend, 2147483647)
-    for b0 in range(0, num_blocks, NBT):
-        b = b0 + tl.arange(0, NBT)
-        start = b * BM
-        owner = tl.sum((pend_e[None, :] <= start[:, None]).to(tl.int32), axis=1)  # experts ending before
-        tl.store(block_expert_ptr + b, tl.where(start < total, owner, -1), mask=b < num_blocks)
+    if BLOCKS:
+        total = tl.sum(padded, 0)
+        pend_e = tl.where(ex < E, pend, 2147483647)
+        for b0 in range(0, num_blocks, NBT):
+            b = b0 + tl.arange(0, NBT)
+            start = b * BM
+            owner = tl.sum((pend_e[None, :] <= start[:, None]).to(tl.int32), axis=1)  # experts ending before
+            tl.store(block_expert_ptr + b, tl.where(start < total, owner, -1), mask=b < num_blocks)
+    else:  # align_quant_pairs: the scatter launch fills block_expert from the run ends
+        tl.store(pend_ptr + ex, pend, mask=ex < E)
 
 
 @triton.jit
@@ -83,6 +102,74 @@ def _scatter_kernel(ids_ptr, cursor_ptr, sorted_ids_ptr, P, offset, E, CH: tl.co
     ok = e < E
     pos = tl.atomic_add(cursor_ptr + tl.where(ok, e, 0), 1, mask=ok)
     tl.store(sorted_ids_ptr + pos, i, mask=ok)
+
+
+@triton.jit
+def _scatter_quant_kernel(ids_ptr, cursor_ptr, pend_ptr, sorted_ids_ptr, block_expert_ptr, x_ptr, q_ptr, s_ptr,
+                          P, offset, E, K, stride_xm, stride_qm, stride_st,
+                          TOPK: tl.constexpr, BM: tl.constexpr, EB: tl.constexpr, NG: tl.constexpr, G: tl.constexpr):
+    """Programs [0, P): pair i takes a slot in its expert's run and writes its token's row of x there,
+    quantized 1x128 (q [Mpad, Kp] fp8, s_t [ceil(K/G), Mpad]; as ``triton_linear._quant_rows_kernel``).
+    Programs [P, P + num_blocks): the expert of M block b (-1 past the last run)."""
+    pid = tl.program_id(0)
+    if pid < P:
+        e = _local_expert(ids_ptr, pid, P, offset, E)
+        if e < E:
+            pos = tl.atomic_add(cursor_ptr + e, 1)
+            tl.store(sorted_ids_ptr + pos, pid)
+            cols = tl.arange(0, NG * G)
+            x = tl.load(x_ptr + (pid // TOPK).to(tl.int64) * stride_xm + cols, mask=cols < K, other=0.0)
+            xg = tl.reshape(x.to(tl.float32), (NG, G))
+            scale = tl.maximum(tl.max(tl.abs(xg), axis=1), SCALE_FLOOR) / FP8_MAX          # [NG]
+            q = tl.reshape(xg / scale[:, None], (NG * G,)).to(tl.float8e4nv)
+            tl.store(q_ptr + pos.to(tl.int64) * stride_qm + cols, q, mask=cols < tl.cdiv(K, G) * G)
+            g = tl.arange(0, NG)
+            tl.store(s_ptr + g * stride_st + pos, scale, mask=g < tl.cdiv(K, G))
+    else:
+        b = pid - P
+        ex = tl.arange(0, EB)
+        pend = tl.load(pend_ptr + ex, mask=ex < E, other=0)                 # run ends (non-decreasing)
+        owner = tl.sum(((pend <= b * BM) & (ex < E)).to(tl.int32), axis=0)  # runs ending at or before the block
+        tl.store(block_expert_ptr + b, tl.where(b * BM < tl.max(pend, axis=0), owner, -1))
+
+
+def align_quant_pairs(x: torch.Tensor, ids: torch.Tensor, num_experts: int, block_m: int,
+                      offset: int = 0) -> tuple[AlignedPairs, torch.Tensor, torch.Tensor]:
+    """``align_pairs`` and ``triton_linear.quantize_gathered_rows`` in three launches: x [T, K] bf16,
+    ids [T, topk] -> (AlignedPairs, q [Mpad, Kp] fp8, s_t [ceil(K/128), Mpad] fp32); q / s_t rows of
+    padding slots and empty blocks are left unwritten (see the module docstring)."""
+    if ids.dim() != 2 or x.dim() != 2 or ids.shape[0] != x.shape[0]:
+        raise ValueError(f"expected x [T, K] and ids [T, topk], got {tuple(x.shape)} and {tuple(ids.shape)}")
+    ids = ids.contiguous()
+    if x.stride(1) != 1:
+        x = x.contiguous()
+    dev, E, P = ids.device, num_experts, ids.numel()
+    K = x.shape[1]
+    mpad = max_padded_rows(P, E, block_m)
+    nb = mpad // block_m
+    ch = min(CHUNK, max(16, triton.next_power_of_2(P)))
+    nchunks = triton.cdiv(P, ch)
+    eb = triton.next_power_of_2(E + 1)
+    ng = triton.cdiv(K, GROUP)
+    counts = torch.empty((nchunks, eb), dtype=torch.int32, device=dev)
+    cursor = torch.empty((eb,), dtype=torch.int32, device=dev)
+    pend = torch.empty((eb,), dtype=torch.int32, device=dev)
+    sorted_ids = torch.empty((mpad,), dtype=torch.int32, device=dev)
+    block_expert = torch.empty((nb,), dtype=torch.int32, device=dev)
+    q = torch.empty((mpad, ng * GROUP), dtype=torch.float8_e4m3fn, device=dev)
+    s_t = torch.empty((ng, mpad), dtype=torch.float32, device=dev)
+    if P:
+        ng_p2 = triton.next_power_of_2(ng)
+        _count_kernel[(nchunks,)](ids, counts, P, offset, E, CH=ch, EB=eb, num_warps=4)
+        _scan_kernel[(1,)](counts, cursor, sorted_ids, block_expert, nchunks, E, P, nb,
+                           BM=block_m, EB=eb, NBT=16, pend_ptr=pend, BLOCKS=False, CB=max(1, 4096 // eb),
+                           num_warps=4)
+        _scatter_quant_kernel[(P + nb,)](ids, cursor, pend, sorted_ids, block_expert, x, q, s_t, P, offset, E, K,
+                                         x.stride(0), q.stride(0), s_t.stride(0), TOPK=ids.shape[1], BM=block_m,
+                                         EB=eb, NG=ng_p2, G=GROUP, num_warps=4 if ng_p2 <= 16 else 8)
+    else:
+        block_expert.fill_(-1)
+    return AlignedPairs(sorted_ids=sorted_ids, block_expert=block_expert, num_pairs=P, block_m=block_m), q, s_t
 
 
 def align_pairs(ids: torch.Tensor, num_experts: int, block_m: int, offset: int = 0) -> AlignedPairs:
