@@ -160,8 +160,11 @@ def moe_layer(res, E: int, T: int, variants: list[str], balanced_variants: list[
             if var in trace_variants and run.cfg.bm == 128 and run.gluon_ok():    # per-tile times (gluon_trace)
                 from gluon_trace import tile_times
 
-                row.update(tile_times(run, "gate_up"))
-                row.update(tile_times(run, "down"))
+                try:
+                    row.update(tile_times(run, "gate_up"))
+                    row.update(tile_times(run, "down"))
+                except Exception as exc:                                    # a diagnostic: keep the row
+                    row["trace_error"] = repr(exc)
             res.add(**row)
             del run, out
 
