@@ -15,7 +15,7 @@ from dayzero.kernels.triton_attention_decode import choose_num_splits
 
 SCALE = D ** -0.5
 PLAN = [(64, 131072), (256, 131072)]
-CFGS = {"default": None, "kernel_strided_n64": dict(MERGE="kernel", STRIDED=True, BLOCK_N=64)}
+CFGS = {"default": None, "combine": dict(MERGE="combine", BLOCK_N=128)}
 
 
 def bench_decode_big(rows, ceil_bw):

@@ -24,7 +24,7 @@ NOT_DIV16 = {"window", "num_splits", "bt_cols", "stride_ot", "total_tiles", "n_t
 def _ptr_type(name: str) -> str:
     if name in ("bt_ptr", "cu_ptr", "cl_ptr", "cnt_ptr", "tile_ptr"):
         return "*i32"
-    if name in ("sink_ptr", "mp_ptr", "lp_ptr", "op_ptr"):  # (op_ptr: bf16 with PART_BF16; fp32 here)
+    if name in ("sink_ptr", "mp_ptr", "lp_ptr", "op_ptr"):
         return "*fp32"
     return "*bf16"
 
@@ -62,17 +62,11 @@ def decode_rows():
         yield check(K._combine_kernel, dict(GROUP=8, HEAD_D=64, S_P2=64, PDL=pdl), 1, 3)
 
 
-def fold_rows():
-    from dayzero.kernels import triton_attention_fold as F
-    base = dict(GROUP=8, G_P2=16, G_C=8, BS=16, HEAD_D=64, HAS_WINDOW=False, SYNC=True, PART_BF16=False,
-                STRIDED=False, TICKET=True)
-    for bn, chunk, bf16, mx in ((128, 8, False, 128), (128, 4, False, 0), (128, 8, False, 0), (128, 16, False, 128),
-                                (128, 8, True, 128), (128, 16, True, 128), (64, 8, False, 0)):
-        yield check(F._decode_fold_kernel, dict(base, BLOCK_N=bn, CHUNK=chunk, PART_BF16=bf16), 4, 3, maxnreg=mx)
-    yield check(F._decode_fold_kernel, dict(base, BLOCK_N=128, CHUNK=16, STRIDED=True), 4, 3, maxnreg=128)
-    yield check(F._decode_fold_kernel, dict(base, HAS_WINDOW=True, BLOCK_N=64, CHUNK=2), 4, 2)
-    for bn, st, strided in ((128, 3, False), (64, 3, True), (128, 2, True)):   # MERGE="kernel"
-        yield check(F._decode_fold_kernel, dict(base, TICKET=False, BLOCK_N=bn, CHUNK=16, STRIDED=strided), 4, st)
+def splitkv_rows():
+    from dayzero.kernels import triton_attention_splitkv as F
+    base = dict(GROUP=8, G_P2=16, BS=16, HEAD_D=64, HAS_WINDOW=False, PART_BF16=False, STRIDED=True, BLOCK_N=64)
+    for bn, st, strided, mx in ((64, 3, True, 0), (64, 4, True, 0), (128, 3, False, 128), (128, 3, False, 0)):
+        yield check(F._decode_split2_kernel, dict(base, BLOCK_N=bn, STRIDED=strided), 4, st, maxnreg=mx)
     yield check(F._merge_kernel, dict(GROUP=8, HEAD_D=64, S_P2=64, PART_BF16=False), 1, 3)
 
 
@@ -83,8 +77,8 @@ def window_rows():
 
 
 def main() -> int:
-    which = set(sys.argv[1:]) or {"decode", "fold", "window"}
-    rows = {"decode": decode_rows, "fold": fold_rows, "window": window_rows}
+    which = set(sys.argv[1:]) or {"decode", "splitkv", "window"}
+    rows = {"decode": decode_rows, "splitkv": splitkv_rows, "window": window_rows}
     for name, fn in rows.items():
         if name in which:
             for r in fn():

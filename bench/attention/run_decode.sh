@@ -10,7 +10,7 @@ xdist=$(python3 -c "import xdist" 2>/dev/null && echo "-n 6")
 pt() { timeout "${TEST_CAP_S:-150}" python3 -m pytest -q -p no:cacheprovider --noconftest -o addopts="" "$@"; }
 pt $xdist tests/kernels/test_attention_gpu.py -k "${TEST_K:-decode or store or registered or bad_input}" > "$OUT/tests_attention.log" 2>&1 &
 pids=$!
-for preset in ${PRESETS:-combine kernel kernel_strided_n64}; do
+for preset in ${PRESETS:-kernel_strided_n64 combine}; do
   DAYZERO_DECODE_ATTENTION=$preset pt tests/kernels/test_cuda_graph_gpu.py > "$OUT/tests_graph_$preset.log" 2>&1 &
   pids="$pids $!"
 done

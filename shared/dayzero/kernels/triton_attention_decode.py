@@ -5,9 +5,10 @@ head and serves all ``GROUP = Hq // Hkv`` query heads of that KV head at once (t
 side of the tensor-core product, padded to 16), so each cached K/V byte is read once.
   * ``num_splits == 1``: the program also adds the new token's own key (from ``k``/``v``) and the
     sink, then writes the output. One launch.
-  * ``num_splits > 1`` (``MERGE="combine"``, the default): programs write partial ``(m, l, acc)``
-    per head; ``_combine_kernel`` merges the splits, then adds the new key and the sink (the sink
-    exactly once), then writes. ``MERGE="kernel"`` / ``"ticket"``: triton_attention_fold.py.
+  * ``num_splits > 1`` with ``MERGE="combine"`` (sliding-window layers, PDL, or opt-in): programs
+    write partial ``(m, l, acc)`` per head; ``_combine_kernel`` merges the splits, then adds the new
+    key and the sink (the sink exactly once), then writes.
+  * ``num_splits > 1`` with ``MERGE="kernel"`` (full attention, default): triton_attention_splitkv.py.
 Split boundaries are computed on the device from ``cached_lens`` (the same ``num_splits`` for every
 sequence), so a launch needs no host sync and has a fixed shape per batch size: CUDA-graph safe.
 ``PDL`` (config): both kernels are launched with programmatic dependent launch. The split kernel
@@ -32,7 +33,7 @@ import triton
 import triton.language as tl
 from triton.language.extra.cuda import gdc_launch_dependents, gdc_wait
 
-from .triton_attention_fold import TICKETS, launch_fold
+from .triton_attention_splitkv import splitkv_decode
 from .triton_attention_prefill import LOG2E
 from .triton_moe_gemm import interpreting
 
@@ -173,31 +174,28 @@ def choose_num_splits(batch: int, num_kv_heads: int, max_kv_len: int, window: in
     return int(max(1, min(64, want, triton.cdiv(max(kv, 1), 64))))
 
 
-# full-attention decode presets; DAYZERO_DECODE_ATTENTION=<name> picks one instead of the default
-# (side-by-side benchmarks and the engine's GPU tests under each candidate)
+# full-attention decode with more than one split; DAYZERO_DECODE_ATTENTION=<name> picks another preset
+# than the default (side-by-side benchmarks; the engine's GPU tests under each candidate)
 DECODE_PRESETS = {
-    "combine": {},
-    "ticket": dict(MERGE="ticket", maxnreg=128),
+    "kernel_strided_n64": dict(MERGE="kernel", STRIDED=True, BLOCK_N=64),   # default since run 9
+    "combine": {},                                                          # version 1 (the default before)
     "kernel": dict(MERGE="kernel", maxnreg=128),
-    "kernel_strided_n64": dict(MERGE="kernel", STRIDED=True, BLOCK_N=64),
     "kernel_strided_n64_s4": dict(MERGE="kernel", STRIDED=True, BLOCK_N=64, num_stages=4),
-    "kernel_strided_n32": dict(MERGE="kernel", STRIDED=True, BLOCK_N=32),
-    "kernel_strided_s2": dict(MERGE="kernel", STRIDED=True, num_stages=2, maxnreg=128),
 }
-MERGES = ("combine", "kernel", "ticket")
+DEFAULT_PRESET = "kernel_strided_n64"
 
 
 def default_decode_config(head_dim: int, window: int = 0) -> dict:
     """``PDL``: programmatic dependent launch of both kernels (True), only when the KV is split (None), or
     never (False, the default: see the module docstring). ``MERGE`` (more than one split, PDL off):
-    "combine" (default): this module's split kernel + ``_combine_kernel``; "kernel": the split kernel
-    of triton_attention_fold.py (new key and sink in split 0, ``STRIDED`` tiles possible) + its
-    ``_merge_kernel``; "ticket": that split kernel merging in its last program (one launch, ``CHUNK``
-    splits merged per step; measured slower in run 8: bench/NOTES.md)."""
+    "kernel": triton_attention_splitkv.py (split kernel with the new key and sink in split 0,
+    ``STRIDED`` tiles; then its ``_merge_kernel``), the default for full attention (run 9: faster at
+    B = 1 and 8); "combine": this module's split kernel + ``_combine_kernel``, the default for
+    sliding-window layers (2 splits: 5.1 vs 5.5 us at B=1 in run 9). One split: this module's kernel."""
     if window > 0:
-        return dict(BLOCK_N=64, num_warps=4, num_stages=2, PDL=False, MERGE="combine", CHUNK=16)
-    cfg = dict(BLOCK_N=128, num_warps=4, num_stages=3, PDL=False, MERGE="combine", CHUNK=16)
-    preset = os.environ.get("DAYZERO_DECODE_ATTENTION", "combine")
+        return dict(BLOCK_N=64, num_warps=4, num_stages=2, PDL=False, MERGE="combine")
+    cfg = dict(BLOCK_N=128, num_warps=4, num_stages=3, PDL=False, MERGE="combine")
+    preset = os.environ.get("DAYZERO_DECODE_ATTENTION", DEFAULT_PRESET)
     if preset not in DECODE_PRESETS:
         raise ValueError(f"DAYZERO_DECODE_ATTENTION={preset!r}: choose one of {', '.join(DECODE_PRESETS)}")
     cfg.update(DECODE_PRESETS[preset])
@@ -212,22 +210,14 @@ def decode_attention(q, k, v, k_cache, v_cache, block_tables, cu_seqlens_q, cach
     cfg.update(config or {})
     pdl = num_splits > 1 if cfg["PDL"] is None else bool(cfg["PDL"])
     merge = cfg.pop("MERGE")
-    if merge not in MERGES:
-        raise ValueError(f"decode attention: MERGE must be one of {MERGES}, got {merge!r}")
+    if merge not in ("combine", "kernel"):
+        raise ValueError(f"decode attention: MERGE must be 'combine' or 'kernel', got {merge!r}")
     if not cfg.get("maxnreg", 1):
         cfg.pop("maxnreg")   # maxnreg=0: no cap
-    if num_splits > 1 and merge != "combine" and not pdl:
+    if num_splits > 1 and merge == "kernel" and not pdl:
         cfg.pop("PDL")
-        group = q.shape[1] // k.shape[1]
-        if merge == "kernel":
-            launch_fold(cfg, group, num_splits, None, q, k, v, k_cache, v_cache, block_tables, cu_seqlens_q,
-                        cached_lens, sinks, scale * LOG2E, window, out, sync=False)
-            return out
-        tickets = TICKETS.get(q.device, cached_lens.shape[0] * k.shape[1])
-        if tickets is not None:  # None: first call inside a graph capture (the two-kernel path this time)
-            launch_fold(cfg, group, num_splits, tickets, q, k, v, k_cache, v_cache, block_tables, cu_seqlens_q,
-                        cached_lens, sinks, scale * LOG2E, window, out, sync=not interpreting())
-            return out
+        return splitkv_decode(cfg, num_splits, q, k, v, k_cache, v_cache, block_tables, cu_seqlens_q,
+                              cached_lens, sinks, scale * LOG2E, window, out)
     plan = DecodePlan.make(q, k, cached_lens, num_splits, window, config)
     launch_split(plan, q, k, v, k_cache, v_cache, block_tables, cu_seqlens_q, cached_lens, sinks, scale,
                  window, out)
@@ -250,7 +240,7 @@ class DecodePlan:
         B = cached_lens.shape[0]
         cfg = dict(default_decode_config(D, window))
         cfg.update(config or {})
-        for key in ("MERGE", "CHUNK", "PART_BF16", "STRIDED"):
+        for key in ("MERGE", "PART_BF16", "STRIDED"):
             cfg.pop(key, None)
         if not cfg.get("maxnreg", 1):
             cfg.pop("maxnreg")

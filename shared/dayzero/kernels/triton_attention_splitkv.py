@@ -1,0 +1,184 @@
+"""Triton split-KV decode attention, version 2 (the default for full-attention layers with more than
+one split; ``MERGE="kernel"`` in triton_attention_decode's config): a split kernel and a merge kernel.
+
+Grid ``(num_splits, Hkv, B)`` as in triton_attention_decode.py: one program reads one slice of one
+sequence's cached keys of one KV head for all ``GROUP`` query heads of that KV head (the group is the
+M side of the tensor-core product, padded to 16), so each cached K/V byte is read once. Differences
+from version 1 (``_decode_split_kernel`` + ``_combine_kernel``):
+  * split 0 also takes the new token's own key/value and the sink into its partial, so the sink is
+    counted exactly once and ``_merge_kernel`` is a plain merge of partials: its loads depend on no
+    other load (the partials are read together with cu; no q/k/v);
+  * the context length is read before the ``q_len == 0`` branch (cu and cl in one latency);
+  * ``STRIDED`` (full attention; default): program s takes the tiles s, s + S, s + 2S, ...: its first
+    pages are read together with cu / cl (bounded by the table's width, not yet by the length), and
+    each tile's pages one tile ahead, so the K/V loads are no longer indirect within the loop and
+    Triton's pipeline double-buffers them (BLOCK_N 64, 3 stages: 37 KB, 72 registers, 6 programs
+    per SM on sm_90). Run 9 on H200: B=1 at 1k / 8k / 32k / 128k 5.7 / 11.2 / 24.1 / 71.8 us vs
+    version 1's 6.2 / 11.7 / 25.2 / 73.2 (bench/NOTES.md).
+Partials are fp32 ``(m, l, acc)`` laid out ``[B, Hkv, S, GROUP(, D)]`` (``PART_BF16``: acc / l in
+bf16). Split boundaries come from ``cached_lens`` on the device: no host sync, fixed shapes per
+batch size (CUDA-graph safe). A folded variant (the last program per (sequence, KV head) merging
+after an atomic ticket, one launch) measured slower at every split count in run 8; its source is in
+commit fe79b64.
+"""
+
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+
+
+@triton.jit
+def _decode_split2_kernel(q_ptr, k_ptr, v_ptr, kc_ptr, vc_ptr, bt_ptr, cu_ptr, cl_ptr, sink_ptr,
+                          mp_ptr, lp_ptr, op_ptr,
+                          stride_qt, stride_qh, stride_kt, stride_kh, stride_vt, stride_vh,
+                          stride_kcb, stride_kct, stride_kch, stride_vcb, stride_vct, stride_vch,
+                          stride_bt, qk_scale, window, num_splits, bt_cols,
+                          GROUP: tl.constexpr, G_P2: tl.constexpr, BS: tl.constexpr, HEAD_D: tl.constexpr,
+                          BLOCK_N: tl.constexpr, HAS_WINDOW: tl.constexpr, PART_BF16: tl.constexpr,
+                          STRIDED: tl.constexpr):
+    s = tl.program_id(0)
+    hkv = tl.program_id(1)
+    b = tl.program_id(2)
+    n_kv = tl.num_programs(1)
+    offs_n = tl.arange(0, BLOCK_N)
+    bt_row = bt_ptr + b.to(tl.int64) * stride_bt
+    q_row = tl.load(cu_ptr + b)
+    q_len = tl.load(cu_ptr + b + 1) - q_row
+    ctx = tl.load(cl_ptr + b)   # before the branch: the three loads overlap (one latency, not two)
+    if STRIDED:  # the first tile's pages, read before ctx is known (only the table's width bounds it)
+        col0 = (s * BLOCK_N + offs_n) // BS
+        blk_nx = tl.load(bt_row + col0, mask=col0 < bt_cols, other=0)
+    if q_len == 0:  # no new token: no partials (the merge skips this sequence too)
+        return
+    if HAS_WINDOW:
+        lo = tl.maximum(ctx + 1 - window, 0)
+    else:
+        lo = 0
+    lo_al = lo // BLOCK_N * BLOCK_N
+    tiles = tl.cdiv(ctx - lo_al, BLOCK_N)
+    per = tl.cdiv(tiles, num_splits) * BLOCK_N
+    start = lo_al + s * per
+    stop = tl.minimum(start + per, ctx)
+
+    offs_g = tl.arange(0, G_P2)
+    offs_d = tl.arange(0, HEAD_D)
+    g_ok = offs_g < GROUP
+    heads = hkv * GROUP + offs_g                                 # [G] query heads of this KV head
+    q_row64 = q_row.to(tl.int64)
+    q = tl.load(q_ptr + q_row64 * stride_qt + heads[:, None] * stride_qh + offs_d[None, :],
+                mask=g_ok[:, None], other=0.0)                  # [G, D]
+    m_i = tl.zeros([G_P2], dtype=tl.float32) - 1.0e30
+    l_i = tl.zeros([G_P2], dtype=tl.float32)
+    acc = tl.zeros([G_P2, HEAD_D], dtype=tl.float32)
+
+    kc_head = kc_ptr + hkv * stride_kch
+    vc_head = vc_ptr + hkv * stride_vch
+    if STRIDED:  # program s takes tiles s, s + S, s + 2S, ... (full attention only: lo == 0)
+        first = s * BLOCK_N
+        step = num_splits * BLOCK_N
+        last = ctx
+    else:        # program s takes one contiguous run of tiles
+        first = start
+        step = BLOCK_N
+        last = stop
+    for n0 in range(first, last, step):
+        pos = n0 + offs_n
+        ok = (pos >= lo) & (pos < ctx)
+        if STRIDED:
+            blk = blk_nx.to(tl.int64)
+            nxt = pos + step
+            blk_nx = tl.load(bt_row + nxt // BS, mask=nxt < ctx, other=0)  # the next tile's pages
+        else:
+            blk = tl.load(bt_row + pos // BS, mask=ok, other=0).to(tl.int64)
+        slot = (pos % BS).to(tl.int64)
+        kt = tl.load(kc_head + (blk * stride_kcb + slot * stride_kct)[:, None] + offs_d[None, :],
+                     mask=ok[:, None], other=0.0)               # [BN, D]
+        vt = tl.load(vc_head + (blk * stride_vcb + slot * stride_vct)[:, None] + offs_d[None, :],
+                     mask=ok[:, None], other=0.0)
+        qk = tl.dot(q, tl.trans(kt)) * qk_scale                  # [G, BN]
+        qk = tl.where(ok[None, :], qk, float("-inf"))
+        m_new = tl.maximum(m_i, tl.max(qk, 1))
+        p = tl.math.exp2(qk - m_new[:, None])
+        alpha = tl.math.exp2(m_i - m_new)
+        l_i = l_i * alpha + tl.sum(p, 1)
+        acc = acc * alpha[:, None] + tl.dot(p.to(vt.dtype), vt)
+        m_i = m_new
+
+    if s == 0:  # the new token's own key/value (position ctx) and the sink: split 0 only
+        kn = tl.load(k_ptr + q_row64 * stride_kt + hkv * stride_kh + offs_d).to(tl.float32)  # [D]
+        vn = tl.load(v_ptr + q_row64 * stride_vt + hkv * stride_vh + offs_d).to(tl.float32)
+        sn = tl.sum(q.to(tl.float32) * kn[None, :], 1) * qk_scale                         # [G]
+        sink = tl.load(sink_ptr + heads, mask=g_ok, other=0.0).to(tl.float32) * 1.4426950408889634
+        m_new = tl.maximum(tl.maximum(m_i, sn), sink)
+        alpha = tl.math.exp2(m_i - m_new)
+        pn = tl.math.exp2(sn - m_new)
+        l_i = l_i * alpha + pn + tl.math.exp2(sink - m_new)
+        acc = acc * alpha[:, None] + pn[:, None] * vn[None, :]
+        m_i = m_new
+
+    seq_head = (b * n_kv + hkv).to(tl.int64)
+    row = (seq_head * num_splits + s) * GROUP + offs_g                        # [G] partial rows
+    tl.store(mp_ptr + row, m_i, mask=g_ok)
+    tl.store(lp_ptr + row, l_i, mask=g_ok)
+    if PART_BF16:  # normalised partial output in bf16 (half the bytes the merge reads back)
+        part = acc / tl.where(l_i > 0, l_i, 1.0)[:, None]
+    else:
+        part = acc
+    tl.store(op_ptr + row[:, None] * HEAD_D + offs_d[None, :], part.to(op_ptr.dtype.element_ty), mask=g_ok[:, None])
+
+
+@triton.jit
+def _merge_kernel(cu_ptr, o_ptr, mp_ptr, lp_ptr, op_ptr, stride_ot, stride_oh, num_splits,
+                  GROUP: tl.constexpr, HEAD_D: tl.constexpr, S_P2: tl.constexpr, PART_BF16: tl.constexpr):
+    """Grid (Hq, B): merge one head's split partials (split 0 holds the new key and the sink)."""
+    h = tl.program_id(0)
+    b = tl.program_id(1)
+    offs_s = tl.arange(0, S_P2)
+    offs_d = tl.arange(0, HEAD_D)
+    s_ok = offs_s < num_splits
+    n_kv = tl.num_programs(0) // GROUP
+    row = ((b * n_kv + h // GROUP).to(tl.int64) * num_splits + offs_s) * GROUP + h % GROUP     # [S]
+    # the partials' addresses depend on no load: they are read together with cu
+    m_s = tl.load(mp_ptr + row, mask=s_ok, other=-1.0e30)
+    l_s = tl.load(lp_ptr + row, mask=s_ok, other=0.0)
+    o_s = tl.load(op_ptr + row[:, None] * HEAD_D + offs_d[None, :], mask=s_ok[:, None], other=0.0)
+    q_row = tl.load(cu_ptr + b)
+    if tl.load(cu_ptr + b + 1) == q_row:
+        return
+    w = tl.math.exp2(m_s - tl.max(m_s, 0))                                          # [S]
+    wl = l_s * w
+    if PART_BF16:
+        w = wl
+    acc = tl.sum(o_s.to(tl.float32) * w[:, None], 0)                                 # [D]
+    tl.store(o_ptr + q_row.to(tl.int64) * stride_ot + h * stride_oh + offs_d,
+             (acc / tl.sum(wl, 0)).to(o_ptr.dtype.element_ty))
+
+
+def splitkv_decode(cfg: dict, num_splits: int, q, k, v, k_cache, v_cache, block_tables, cu_seqlens_q,
+                   cached_lens, sinks, qk_scale: float, window: int, out: torch.Tensor) -> torch.Tensor:
+    """Split kernel, then ``_merge_kernel`` (``cfg``: BLOCK_N, STRIDED (full attention only), PART_BF16,
+    num_warps, num_stages, maxnreg)."""
+    cfg = dict(cfg)
+    bn = cfg.pop("BLOCK_N")
+    part_bf16 = bool(cfg.pop("PART_BF16", False))
+    strided = bool(cfg.pop("STRIDED", False)) and window == 0
+    B, Hkv, D = cached_lens.shape[0], k.shape[1], q.shape[2]
+    group = q.shape[1] // Hkv
+    mp = torch.empty((B, Hkv, num_splits, group), device=q.device, dtype=torch.float32)
+    lp = torch.empty_like(mp)
+    op = torch.empty((B, Hkv, num_splits, group, D), device=q.device,
+                     dtype=torch.bfloat16 if part_bf16 else torch.float32)
+    _decode_split2_kernel[(num_splits, Hkv, B)](
+        q, k, v, k_cache, v_cache, block_tables, cu_seqlens_q, cached_lens, sinks, mp, lp, op,
+        q.stride(0), q.stride(1), k.stride(0), k.stride(1), v.stride(0), v.stride(1),
+        k_cache.stride(0), k_cache.stride(1), k_cache.stride(2),
+        v_cache.stride(0), v_cache.stride(1), v_cache.stride(2),
+        block_tables.stride(0), qk_scale, window, num_splits, block_tables.shape[1],
+        GROUP=group, G_P2=max(16, triton.next_power_of_2(group)), BS=k_cache.shape[1], HEAD_D=D, BLOCK_N=bn,
+        HAS_WINDOW=window > 0, PART_BF16=part_bf16, STRIDED=strided, **cfg)
+    _merge_kernel[(q.shape[1], B)](cu_seqlens_q, out, mp, lp, op, out.stride(0), out.stride(1), num_splits,
+                                   GROUP=group, HEAD_D=D, S_P2=max(2, triton.next_power_of_2(num_splits)),
+                                   PART_BF16=part_bf16, num_warps=1)
+    return out
