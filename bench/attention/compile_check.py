@@ -2,7 +2,7 @@
 thread, local-memory (spill) instructions, shared memory and the programs per SM they allow
 (65536 registers, ~227 KB shared memory). Uses Triton's bundled cuobjdump.
 
-    PYTHONPATH=shared python bench/attention/compile_check.py [decode|window|prefill ...]
+    PYTHONPATH=shared python bench/attention/compile_check.py [decode|splitkv|window ...]
 
 Integer arguments a real launch sees as multiples of 16 (pointers, most strides) get the same
 divisibility hint here, so loads vectorise and pipeline as on the device.

@@ -2,7 +2,9 @@
 
 ``attention`` picks one of two kernels:
   * decode (every sequence has at most one new token): split-KV flash decoding, GQA heads batched
-    per program, the sink counted once when splits are merged (triton_attention_decode.py);
+    per program, the sink counted once when splits are merged (triton_attention_decode.py; with
+    more than one split on full-attention layers its split + merge kernels in
+    triton_attention_splitkv.py);
   * otherwise prefill / chunked prefill / mixed batches: for sliding-window layers (window <= 256,
     power-of-two GQA group) the loop-free window kernel (triton_attention_window.py), else the
     flash kernel (triton_attention_prefill.py). ``config={"KERNEL": "flash"}`` forces the latter.
