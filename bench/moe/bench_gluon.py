@@ -6,6 +6,9 @@
 
 GPU mode writes DIR/moe-gluon.json: per E (default 32 and 128), 8192 tokens, top-4, random and
 balanced routing: the whole MoE layer, each GEMM (ms, TFLOP/s useful) and the glue stages for each
+variant, timed with triton's do_bench (``ms``, ``*_ms``: each call launched from Python after an L2
+flush; in Gluon run 6 a GEMM's do_bench time exceeded the traced span of its tiles by 0.08-0.22 ms) and
+as CUDA-graph replays (``*_ms_graph``, ``tflops_useful_graph``: no host launch gaps) for each
 variant (``triton_large``: the Triton large-M kernels; ``op``: the Gluon configuration the registered
 op picks for the call, ``config_for``; ``gluon`` = ``gluon64``, ``gluon128*``: 64- / 128-row tiles)
 on the same weights and routing, with the full / half tile counts of 128-row alignments (and, for
@@ -41,9 +44,9 @@ def _configs() -> dict:
             # 128-row tiles (gluon_moe_gemm128): the consumers split M and share the W tile
             "gluon128": BM128, "gluon128_s3": r(BM128, stages=3),
             "gluon128_g4": r(BM128, group_m=4), "gluon128_g16": r(BM128, group_m=16),
-            "gluon128_h1": r(BM128, half=1), "gluon128_h2": r(BM128, half=2), "gluon128_h4": r(BM128, half=4),
-            # the Triton path's glue (align_pairs + quantize_gathered_rows: four launches) instead of align_quant_pairs
-            "gluon64_glue0": r(BM64, glue=False), "gluon128_glue0": r(BM128, glue=False),
+            "gluon128_h1": r(BM128, half=1), "gluon128_h2": r(BM128, half=2),
+            # align + x quantization in three launches (align_quant_pairs) instead of the Triton path's four
+            "gluon64_glue": r(BM64, glue=True), "gluon128_glue": r(BM128, glue=True),
             # timing diagnostics (wrong results): where the time goes
             "diag_w_once_per_tile": r(BM64, diag=1), "diag_a_once_per_tile": r(BM64, diag=2),
             "diag128_half_w_once": r(BM128, half=3)}
@@ -76,13 +79,14 @@ def compile_check(out: str | None, names: list[str] | None = None) -> int:
             sig.update(a_desc=f"tensordesc<fp8e4nv[{a_rows}, 128],{al!r}>", b_desc=f"tensordesc<fp8e4nv[256, 128],{bl!r}>",
                        bias_ptr="*bf16", c_ptr="*fp8e4nv" if epi == 1 else "*bf16",
                        cs_ptr="*fp32", sorted_ids_ptr="*i32", block_expert_ptr="*i32", weights_ptr="*bf16",
-                       limit="fp32", alpha="fp32", trace_ptr="*i64")
+                       limit="fp32", alpha="fp32")
             consts = dict(EPI=epi, STAGES=cfg.stages, GROUP_M=cfg.group_m, CONSUMER_REGS=cfg.consumer_regs,
                           PRODUCER_REGS=cfg.producer_regs, num_warps=4)
             if bm == 64:
                 consts["DIAG"] = cfg.diag
             else:
                 consts.update(HALF=cfg.half, TRACE=False)
+                sig["trace_ptr"] = "*i64"
             sig.update({k: "constexpr" for k in consts})
             b = build_sm90(GluonASTSource(kern, sig, consts), 4, maxnreg=cfg.maxnreg)
             rows.append(dict(config=name, bm=bm, gemm="gate_up" if epi == 1 else "down", stages=cfg.stages,
@@ -120,9 +124,9 @@ def _tile_stats(run) -> dict:
 
 
 def moe_layer(res, E: int, T: int, variants: list[str], balanced_variants: list[str],
-              trace_variants: tuple[str, ...] = ()) -> None:
+              trace_variants: tuple[str, ...] = (), graph: bool = True) -> None:
     import torch
-    from common import median_ms, random_experts, routing
+    from common import graph_us, median_ms, random_experts, routing
 
     from dayzero.kernels import torch_ops
     from dayzero.kernels.gluon_moe_gemm_run import GluonMoeRun, config_for
@@ -156,6 +160,14 @@ def moe_layer(res, E: int, T: int, variants: list[str], balanced_variants: list[
                 row[f"{stage}_ms"], row[f"{stage}_tflops"] = sms, _flop(T) * frac / sms / 1e9
             for stage in ("align", "quant", "combine"):                 # the glue (align last: same blocks)
                 row[f"{stage}_ms"] = median_ms(getattr(run, stage))
+            if graph:                                                   # GPU time without host launch gaps
+                try:
+                    for stage in ("layer", "align", "quant", "gate_up", "down", "combine"):
+                        fn = run if stage == "layer" else getattr(run, stage)
+                        row[f"{stage}_ms_graph"] = graph_us([fn] * 4) / 1e3
+                    row["tflops_useful_graph"] = _flop(T) / row["layer_ms_graph"] / 1e9
+                except Exception as exc:                                # keep the row
+                    row["graph_error"] = repr(exc)
             row.update(_tile_stats(run))
             if var in trace_variants and run.cfg.bm == 128 and run.gluon_ok():    # per-tile times (gluon_trace)
                 from gluon_trace import tile_times
@@ -178,6 +190,7 @@ def main() -> int:
     ap.add_argument("--tokens", type=int, default=8192)
     ap.add_argument("--experts", default="32,128", help="expert counts (one layer shape each)")
     ap.add_argument("--trace-variants", default="", help="bm-128 variants also run once with the per-tile trace")
+    ap.add_argument("--no-graph", action="store_true", help="skip the CUDA-graph timings (*_ms_graph)")
     args = ap.parse_args()
     if args.compile:
         return compile_check(args.out, args.variants.split(",") if args.variants != DEFAULT_VARIANTS else None)
@@ -187,7 +200,8 @@ def main() -> int:
     res = Results(os.environ.get("MOE_GLUON_NAME", "moe-gluon"))
     for E in (int(e) for e in args.experts.split(",")):
         res.section(f"moe_gluon_E{E}", moe_layer, E, args.tokens, [v for v in args.variants.split(",") if v],
-                    [v for v in args.balanced_variants.split(",") if v], tuple(args.trace_variants.split(",")))
+                    [v for v in args.balanced_variants.split(",") if v], tuple(args.trace_variants.split(",")),
+                    not args.no_graph)
         res.write(args.out or ".")
     print("wrote", res.write(args.out or "."), "errors:", len(res.errors))
     return 0

@@ -1,7 +1,7 @@
-"""Per-tile timing of the 128-row Gluon MoE GEMM (``GluonConfig`` bm 128, kernel TRACE): how long full,
-half and merged half tiles take inside a real run, and whether a half tile runs longer while a full
-tile of the same expert and N tile (the CTA streaming the same W tile) overlaps it. GPU only; called
-by ``bench_gluon.py --trace-variants``.
+"""Per-tile timing of the 128-row Gluon MoE GEMM (``GluonConfig`` bm 128, kernel TRACE,
+``dayzero.kernels.gluon_moe_trace``): how long full and half tiles take inside a real run, and whether a
+half tile runs longer while a full tile of the same expert and N tile (the CTA streaming the same W
+tile) overlaps it. GPU only; called by ``bench_gluon.py --trace-variants``.
 """
 
 from __future__ import annotations
@@ -25,7 +25,7 @@ def _med(xs: list[float]) -> float | None:
 
 def tile_times(run, stage: str) -> dict:
     """Run ``stage`` ('gate_up' | 'down') of a bm-128 ``GluonMoeRun`` once with the per-tile trace and
-    summarise it: median us of full / half / merged-half tiles, half tiles with and without a
+    summarise it: median us of full / half tiles, half tiles with and without a
     same-(expert, N tile) full tile overlapping them, and the span of the launch."""
     from dayzero.kernels import gluon_moe_gemm_run as gr
 
@@ -33,7 +33,7 @@ def tile_times(run, stage: str) -> dict:
     N = 2 * run.I if stage == "gate_up" else run.H
     num_pid_n = -(-N // gr.BN)
     nbm = al.padded_rows // 128
-    trace = torch.zeros((2 * nbm * num_pid_n, 4), dtype=torch.int64, device=run.x.device)
+    trace = torch.zeros((nbm * num_pid_n, 4), dtype=torch.int64, device=run.x.device)
     if stage == "gate_up":
         gr.gemm_ws(run.xq, run.xs_t, ex.gate_up, run._scales_by_k("gate_up"), ex.gate_up_bias, run.h, run.hs_t,
                    al, run.weights, K=run.H, N=N, epi=1, limit=run.limit, cfg=run.cfg, trace=trace)
@@ -43,20 +43,16 @@ def tile_times(run, stage: str) -> dict:
     torch.cuda.synchronize()
     be = al.block_expert.tolist()
     used_m = sum(1 for b in be if b >= 0)
-    rows = trace.tolist()
-    recs = []                                          # (start, end, pid_m, pid_n, expert, kind, sub)
-    for idx, (t0, t1, pm, kind) in enumerate(rows):
-        if t1 == 0 or not kind & 2:                    # not reached / skipped (merged elsewhere)
-            continue
-        tile, sub = divmod(idx, 2)
-        _, pn = _coords(tile, used_m, num_pid_n, run.cfg.group_m)
-        recs.append((t0, t1, pm, pn, be[pm], kind, sub))
-    full = [(r[1] - r[0]) / 1e3 for r in recs if r[5] & 1 and r[6] == 0]
-    half = [r for r in recs if not (r[5] & 1) and r[6] == 0]
-    merged = [(r[1] - r[0]) / 1e3 for r in recs if r[6] == 1]
+    recs = []                                          # (start, end, pid_m, pid_n, expert, full)
+    for tile, (t0, t1, pm, kind) in enumerate(trace.tolist()):
+        if kind:
+            _, pn = _coords(tile, used_m, num_pid_n, run.cfg.group_m)
+            recs.append((t0, t1, pm, pn, be[pm], kind == 1))
+    full = [(r[1] - r[0]) / 1e3 for r in recs if r[5]]
+    half = [r for r in recs if not r[5]]
     fulls = {}
     for r in recs:
-        if r[5] & 1 and r[6] == 0:
+        if r[5]:
             fulls.setdefault((r[4], r[3]), []).append((r[0], r[1]))
     alone, shared = [], []
     for r in half:
@@ -66,6 +62,6 @@ def tile_times(run, stage: str) -> dict:
     t_all = [r[0] for r in recs] + [r[1] for r in recs]
     return {f"{stage}_trace": dict(
         tiles=len(recs), full_us=_med(full), half_us=_med([(r[1] - r[0]) / 1e3 for r in half]),
-        merged_half_us=_med(merged), half_with_full_overlap_us=_med(shared), half_alone_us=_med(alone),
-        n_full=len(full), n_half=len(half), n_merged=len(merged), n_half_overlap=len(shared),
+        half_with_full_overlap_us=_med(shared), half_alone_us=_med(alone),
+        n_full=len(full), n_half=len(half), n_half_overlap=len(shared),
         span_us=round((max(t_all) - min(t_all)) / 1e3, 1) if t_all else None)}

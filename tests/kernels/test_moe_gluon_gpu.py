@@ -121,13 +121,13 @@ def test_gluon_moe_half_tiles_one_warpgroup():
     run_case(2048, 32, 2880, 2880, 4, seed=42, cfg=cfg)
 
 
-@pytest.mark.parametrize("half", [2, 4])
-def test_gluon_moe_half_tile_modes(half):
-    """128-row tiles, HALF 2 (a half tile loads only A's 64 real rows) and HALF 4 (a half tile run right
-    after its expert's full tile by the same CTA): all half tiles, a mix with merges, skewed routing."""
+def test_gluon_moe_half_tiles_a_rows():
+    """128-row tiles, HALF 2 (a half tile loads only A's 64 real rows): all half tiles, a mix, odd
+    shapes, skewed routing."""
     from dayzero.kernels.gluon_moe_gemm_run import BM128
     from test_moe_gpu import make_experts, route, skewed_ids
 
+    half = 2
     cfg = dataclasses.replace(BM128, half=half)
     run_case(300, 32, 2880, 2880, 4, seed=61 + half, cfg=cfg)
     run_case(2048, 32, 2880, 2880, 4, seed=62 + half, cfg=cfg)
@@ -137,12 +137,14 @@ def test_gluon_moe_half_tile_modes(half):
     check(x, w, skewed_ids(1500, 4).to(DEV), q, d, cfg)
 
 
-def test_gluon_moe_triton_glue():
-    """GluonConfig.glue False: align and quantization as on the Triton path (four launches)."""
+def test_gluon_moe_fused_glue():
+    """GluonConfig.glue: align and quantization in three launches (align_quant_pairs; padding rows of A
+    unwritten, NaN-poisoned by check)."""
     from dayzero.kernels.gluon_moe_gemm_run import BM64, BM128
 
-    run_case(2048, 32, 2880, 2880, 4, seed=71, cfg=dataclasses.replace(BM128, glue=False))
-    run_case(700, 32, 2880, 2880, 4, seed=72, cfg=dataclasses.replace(BM64, glue=False))
+    run_case(2048, 32, 2880, 2880, 4, seed=71, cfg=dataclasses.replace(BM128, glue=True))
+    run_case(700, 32, 2880, 2880, 4, seed=72, cfg=dataclasses.replace(BM64, glue=True))
+    run_case(200, 8, 2880, 2880, 4, seed=73, offset=8, E_global=32, cfg=dataclasses.replace(BM64, glue=True))
 
 
 @pytest.mark.parametrize("bm", [64, 128])

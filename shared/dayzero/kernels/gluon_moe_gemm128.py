@@ -14,8 +14,7 @@ Same operands, numerics and epilogues as ``gluon_moe_gemm`` (read its docstring 
     consumers split N for it as in ``gluon_moe_gemm`` (HALF 0); HALF 1 gives it to warpgroup 0 alone;
     HALF 2 splits N and loads only A's 64 real rows (A as two 64-row boxes, the second skipped);
     HALF 3 = HALF 2 with a half tile's W loaded at its first K step only (timing diagnostic, wrong
-    results); HALF 4 = HALF 2 with a half tile merged into the CTA of the expert's full tile before it,
-    run right after it (``gluon_moe_walk``); a weight block past N skips its wgmma.
+    results); a weight block past N skips its wgmma.
 Gate_up epilogue: a row's 128 h columns (one 1x128 quantization group) are all in one warpgroup, so
 the row amax needs no exchange. Down epilogue: ``(+ b2) * routing weight``, rows scattered to pair order.
 Imported only by ``gluon_moe_gemm_run`` (Gluon path selected).
@@ -30,7 +29,7 @@ from triton.experimental.gluon.language.nvidia.hopper import (fence_async_shared
 
 from .gluon_moe_epi import _pin, _store_h, _store_y, _swiglu
 from .gluon_moe_gemm import _count_used_blocks, _tile_coords
-from .gluon_moe_walk import _next, _now, _tile_plan, _trace
+from .gluon_moe_trace import _now, _trace
 
 BM = gl.constexpr(128)    # rows of a tile (= the align block)
 HM = gl.constexpr(64)     # rows per consumer warpgroup
@@ -76,22 +75,20 @@ def _load_tile(p, pid_m, pid_n, e, full, it, STAGES: gl.constexpr, HALF: gl.cons
 
 @gluon.jit
 def _producer(p, EPI: gl.constexpr, STAGES: gl.constexpr, GROUP_M: gl.constexpr, HALF: gl.constexpr):
-    """1 warp: the loads of every K step of every tile of this CTA (HALF 4: a merged half tile's right
-    after its full tile's, ``gluon_moe_walk``)."""
+    """1 warp: the loads of every K step of every tile of this CTA."""
     (a_desc, b_desc, sa_desc, sb_desc, a_bufs, b_bufs, sa_bufs, sb_bufs, ready, empty, xbar, amax_smem, bias_ptr,
      c_ptr, cs_ptr, sorted_ids_ptr, block_expert_ptr, weights_ptr, used_m, N, K, num_pairs, num_kb, stride_biase,
      stride_cm, stride_cs, limit, alpha) = p
     num_pid_n = gl.cdiv(N, BN)
     it = 0
-    tile = gl.program_id(0)
-    sub = 0                                                                 # 1: the merged half tile (HALF 4)
-    while tile < used_m * num_pid_n:
+    for tile in range(gl.program_id(0), used_m * num_pid_n, gl.num_programs(0)):
         pid_m, pid_n = _tile_coords(tile, used_m, num_pid_n, GROUP_M)
         e = gl.load(block_expert_ptr + pid_m)
-        full, run_self, merge_next = _tile_plan(sorted_ids_ptr, block_expert_ptr, pid_m, e, used_m, num_pairs, HALF)
-        if run_self or sub == 1:
-            it = _load_tile(p, pid_m + sub, pid_n, e, full and sub == 0, it, STAGES, HALF)
-        tile, sub = _next(tile, sub, merge_next)
+        if HALF < 2:
+            it = _load_tile(p, pid_m, pid_n, e, True, it, STAGES, HALF)
+        else:
+            it = _load_tile(p, pid_m, pid_n, e, gl.load(sorted_ids_ptr + pid_m * BM + HM) < num_pairs, it, STAGES,
+                            HALF)
 
 
 @gluon.jit
@@ -174,27 +171,24 @@ def _consumer(p, WG: gl.constexpr, EPI: gl.constexpr, STAGES: gl.constexpr, GROU
     """4 warps, every tile of this CTA. Full tile: rows [WG * HM, (WG + 1) * HM), all BN columns. Half
     tile (rows 64-127 all padding): HALF 0 / 2 / 3: rows 0-63, weight block WG (the consumers split N, as
     in ``gluon_moe_gemm``; the gate_up row amax is exchanged through shared memory); HALF 1: warpgroup 0
-    alone, as in a full tile, while warpgroup 1 only releases the stages; HALF 4: as 2, a half tile
-    run right after the same expert's full tile (``gluon_moe_walk``). TRACE (warpgroup 0): per-tile
-    start / end times into trace_ptr."""
+    alone, as in a full tile, while warpgroup 1 only releases the stages. TRACE (warpgroup 0): per-tile
+    start / end times into trace_ptr (``gluon_moe_trace``)."""
     (a_desc, b_desc, sa_desc, sb_desc, a_bufs, b_bufs, sa_bufs, sb_bufs, ready, empty, xbar, amax_smem, bias_ptr,
      c_ptr, cs_ptr, sorted_ids_ptr, block_expert_ptr, weights_ptr, used_m, N, K, num_pairs, num_kb, stride_biase,
      stride_cm, stride_cs, limit, alpha) = p
     num_pid_n = gl.cdiv(N, BN)
     it = 0
     hcount = 0                                                              # half tiles seen (amax exchange phase)
-    tile = gl.program_id(0)
-    sub = 0                                                                 # 1: the merged half tile (HALF 4)
-    while tile < used_m * num_pid_n:
+    for tile in range(gl.program_id(0), used_m * num_pid_n, gl.num_programs(0)):
         pid_m, pid_n = _tile_coords(tile, used_m, num_pid_n, GROUP_M)
         e = gl.load(block_expert_ptr + pid_m)
-        t0 = _now()                                                         # (kept only with TRACE)
-        full, run_self, merge_next = _tile_plan(sorted_ids_ptr, block_expert_ptr, pid_m, e, used_m, num_pairs, HALF)
-        if full and sub == 0:
+        if TRACE:
+            t0 = _now()
+        full = gl.load(sorted_ids_ptr + pid_m * BM + HM) < num_pairs          # rows 64-127 hold a routed pair
+        if full:
             it = _full_tile(p, pid_m, pid_n, e, it, WG, EPI, STAGES)
-        elif HALF != 1:  # HALF 0, 2, 3, 4: the consumers split N
-            if run_self or sub == 1:
-                it, hcount = _half_tile(p, pid_m + sub, pid_n, e, it, hcount, WG, EPI, STAGES)
+        elif HALF != 1:  # HALF 0, 2, 3: the consumers split N
+            it, hcount = _half_tile(p, pid_m, pid_n, e, it, hcount, WG, EPI, STAGES)
         elif WG == 0:  # HALF 1: warpgroup 0 alone takes rows 0-63 and both weight blocks
             it = _full_tile(p, pid_m, pid_n, e, it, 0, EPI, STAGES)
         else:
@@ -204,8 +198,7 @@ def _consumer(p, WG: gl.constexpr, EPI: gl.constexpr, STAGES: gl.constexpr, GROU
                 mbarrier.arrive(empty.index(s))
                 it += 1
         if TRACE:
-            _trace(trace_ptr, tile * 2 + sub, t0, pid_m + sub, full and sub == 0, run_self or sub == 1, merge_next)
-        tile, sub = _next(tile, sub, merge_next)
+            _trace(trace_ptr, tile, t0, pid_m, full)
 
 
 @gluon.jit

@@ -3,10 +3,10 @@ descriptors, and ``GluonMoeRun``, the large-M ``MoeRun`` whose gate_up and down 
 
 Everything else of the MoE call (align, quantization into sorted order, combine) is the Triton large
 path's (``triton_moe.LARGE``: x quantized 1x128 into sorted order), with align blocks of the kernel's
-tile rows: 64 (``gluon_moe_gemm``) or 128 (``GluonConfig.bm = 128``: ``gluon_moe_gemm128``); by default
-align and quantization run as one glue step of three launches (``triton_moe_align.align_quant_pairs``,
-``GluonConfig.glue``). Operands the kernel cannot take (TMA alignment, non-contiguous weights) fall back
-to the Triton GEMMs.
+tile rows: 64 (``gluon_moe_gemm``) or 128 (``GluonConfig.bm = 128``: ``gluon_moe_gemm128``); with
+``GluonConfig.glue`` align and quantization run as one step of three launches
+(``triton_moe_align.align_quant_pairs``). Operands the kernel cannot take (TMA alignment, non-contiguous
+weights) fall back to the Triton GEMMs.
 Importing this module imports triton's Gluon: callers import it only when the Gluon path is selected.
 """
 
@@ -49,10 +49,9 @@ class GluonConfig:
                                # 128 (gluon_moe_gemm128: the consumers split M and share the W tile)
     half: int = 0              # bm 128, tiles whose rows 64-127 are padding: 0 = the consumers split N,
                                # 1 = warpgroup 0 alone, 2 = split N loading only A's 64 real rows, 3 = 2 with
-                               # the W tile loaded once (timing diagnostic, WRONG results), 4 = 2 with a half
-                               # tile run right after its expert's full tile, same CTA (gluon_moe_walk)
-    glue: bool = True          # align + x quantization in three launches (align_quant_pairs); False: the
-                               # Triton path's four (align_pairs, quantize_gathered_rows)
+                               # the W tile loaded once (timing diagnostic, WRONG results) (gluon_moe_gemm128)
+    glue: bool = False         # True: align + x quantization in three launches (align_quant_pairs; not
+                               # faster in Gluon run 6's do_bench timing); False: the Triton path's four
 
 
 BM64 = GluonConfig()
@@ -96,14 +95,14 @@ def gemm_ws(a: torch.Tensor, a_scale_t: torch.Tensor, w: torch.Tensor, w_scale_k
     """a [Mpad, >= K] fp8 (sorted rows), a_scale_t [ceil(K/128), Mpad] fp32; w [E, N, K] fp8 contiguous,
     w_scale_k = block_scales_by_k(w_scale); epi 1 -> out = h [Mpad, N/2] fp8 + out_scale_t; epi 2 -> out =
     y [P, N] (pair order). trace (bm 128, diagnostic): int64 [>= tiles, 4] of per-tile start / end ns,
-    M block and kind (``gluon_moe_walk._trace``)."""
+    M block and kind (``gluon_moe_trace._trace``)."""
     bm = cfg.bm
     if bm not in (64, 128) or al.block_m != bm:
         raise ValueError(f"the Gluon MoE GEMM needs {bm}-row align blocks (64 or 128), got {al.block_m}")
     if bm == 128 and cfg.diag:
         raise ValueError("the timing diagnostics exist for the 64-row kernel only")
-    if cfg.half not in (0, 1, 2, 3, 4) or (trace is not None and bm != 128):
-        raise ValueError(f"half must be 0-4 and a trace needs 128-row tiles (half {cfg.half}, bm {bm})")
+    if cfg.half not in (0, 1, 2, 3) or (trace is not None and bm != 128):
+        raise ValueError(f"half must be 0-3 and a trace needs 128-row tiles (half {cfg.half}, bm {bm})")
     if not w.is_contiguous():
         raise ValueError("the Gluon MoE GEMM needs contiguous expert weights")
     E = w.shape[0]

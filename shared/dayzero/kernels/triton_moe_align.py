@@ -10,7 +10,7 @@ The order of pairs inside an expert's run is therefore not fixed, but every GEMM
 independently of its neighbours, so results do not depend on it. The padded length is the worst
 case ``P + E * (BM - 1)``; blocks past the real end get expert -1 and the GEMMs return at once.
 
-``align_quant_pairs`` (the Gluon prefill path's glue) does the same in three launches with the 1x128
+``align_quant_pairs`` (an option of the Gluon prefill path, ``GluonConfig.glue``) does the same in three launches with the 1x128
 FP8 quantization of x folded into the scatter: each pair quantizes its token's row straight into its
 sorted slot, and the expert of every M block is filled by extra programs of that launch (not by the
 one-program scan's serial loop). Padding rows of q / s_t are left unwritten: every GEMM row depends
