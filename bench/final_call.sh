@@ -30,7 +30,7 @@ if [ "$fi_ok" = 1 ]; then
 fi
 if [ "$fi_ok" = 1 ]; then
   timeout "${FINAL_FI_S:-150}" python3 bench/attention/flashinfer_compare.py --out "$real_out" \
-    --budget-s $(( ${FINAL_FI_S:-150} - 15 )) --build-s 60 >>"$real_out/call.log" 2>&1 || rc=1
+    --budget-s $(( ${FINAL_FI_S:-150} - 15 )) --build-s 60 --decode "${FINAL_FI_DECODE:-1:8192,1:32768,1:131072,8:1024,256:131072}" >>"$real_out/call.log" 2>&1 || rc=1
 fi
 OUT="$work/final" FINAL_STEPS=b20,b120 bash bench/final_run.sh >>"$real_out/call.log" 2>&1 || rc=1
 cp "$work"/final/bench-all-*.json "$real_out"/ 2>/dev/null

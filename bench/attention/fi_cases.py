@@ -202,12 +202,13 @@ def decode_case(run, backends, pool, B: int, L: int) -> None:
         f"{r['impl']} {r['us']:7.1f} us {kv_bytes / (r['us'] * 1e-6) / 1e12:5.2f} TB/s ({r['method']})" for r in rows))
 
 
-def timings(run, backends, with_128k: bool) -> None:
-    """Every case in its own part, cheapest first; cases the budget cannot reach are listed as skipped."""
+def timings(run, backends, with_128k: bool, decode_grid=DECODE_GRID) -> None:
+    """Every case in its own part, cheapest first (128k prefill before the decode grid when
+    ``decode_grid`` is shortened); cases the budget cannot reach are listed as skipped."""
     plan_ = [("prefill", n, w, 15) for w in (0, WINDOW) for n in (8192, 32768)]
-    plan_ += [("decode", B, L, 6) for B, L in DECODE_GRID]
-    if with_128k:
-        plan_.append(("prefill", 131072, 0, 40))
+    late = [("prefill", 131072, 0, 40)] if with_128k else []
+    decode = [("decode", B, L, 6) for B, L in decode_grid]
+    plan_ += late + decode if len(decode_grid) < len(DECODE_GRID) else decode + late
     held: dict = {}
 
     def alloc_pool() -> None:

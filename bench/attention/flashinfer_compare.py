@@ -186,6 +186,8 @@ def main() -> int:
     ap.add_argument("--jit-workers", type=int, default=4)
     ap.add_argument("--backends", default="fa2,fa3")
     ap.add_argument("--no-128k", action="store_true")
+    ap.add_argument("--decode", default="all",
+                    help="decode cases: all, or B:ctx pairs (e.g. 1:32768,256:131072); a short list runs 128k prefill first")
     ap.add_argument("--build-s", type=float, default=None, help="cap of the JIT builds (default: budget - 60 s)")
     ap.add_argument("--build-only", action="store_true",
                     help="JIT-build the variants and stop (a later run loads them from FlashInfer's cache)")
@@ -213,7 +215,9 @@ def main() -> int:
         return 0 if all(b.get("ok") for b in run.doc["builds"]) else 1
     backends = [b for b in a.backends.split(",") if b]
     run.part("check", fi_cases.check, run, backends)
-    fi_cases.timings(run, backends, with_128k=not a.no_128k)
+    grid = fi_cases.DECODE_GRID if a.decode == "all" else \
+        [tuple(int(v) for v in c.split(":")) for c in a.decode.split(",") if c]
+    fi_cases.timings(run, backends, with_128k=not a.no_128k, decode_grid=grid)
     run.write()
     print(f"wrote {run.out / 'flashinfer.json'} ({len(run.doc['errors'])} errors, {len(run.doc['skipped'])} skipped)")
     return 0 if not run.doc["errors"] else 1
