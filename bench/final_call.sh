@@ -11,6 +11,7 @@ cd "$(dirname "$0")/.."
 real_out="${OUT:-out}"
 mkdir -p "$real_out"
 work=$(mktemp -d)
+export PYTHONPATH="shared${PYTHONPATH:+:$PYTHONPATH}" PYTHONUNBUFFERED=1 NCCL_NVLS_ENABLE=0
 source bench/peers_install.sh >"$real_out/call.log" 2>&1
 fi_ok=0
 python3 -c "import flashinfer" 2>/dev/null && fi_ok=1
