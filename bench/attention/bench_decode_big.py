@@ -15,7 +15,9 @@ from dayzero.kernels.triton_attention_decode import choose_num_splits
 
 SCALE = D ** -0.5
 PLAN = [(64, 131072), (256, 131072)]
-CFGS = {"default": None, "combine": dict(MERGE="combine", BLOCK_N=128)}
+CFGS = {"default": None, "combine": dict(MERGE="combine", BLOCK_N=128),
+        "n64": dict(BLOCK_N=64)}   # one split: the one-split kernel on the split-KV preset's tiles
+SPLITS = (1, 2, 4)
 
 
 def bench_decode_big(rows, ceil_bw):
@@ -39,9 +41,9 @@ def bench_decode_big(rows, ceil_bw):
         heur = choose_num_splits(B, HKV, L, 0, num_sms=sms)
         line = []
         for name, cfg in CFGS.items():
-            for ns in (1, 2, 4):
-                if ns == 1 and name != "default":
-                    continue  # one split is the same kernel either way
+            for ns in SPLITS:
+                if (ns == 1) == (name == "combine"):
+                    continue  # one split: default vs n64; several: default vs combine
                 fns = [lambda t=tables[r], cfg=cfg, ns=ns: attention(
                     q, k, v, k_pool, v_pool, t, cu, cl, sinks, SCALE, 0, max_seqlen_q=1, num_splits=ns,
                     config=cfg, out=out) for r in range(2)]

@@ -185,16 +185,20 @@ DECODE_PRESETS = {
 DEFAULT_PRESET = "kernel_strided_n64"
 
 
-def default_decode_config(head_dim: int, window: int = 0) -> dict:
+def default_decode_config(head_dim: int, window: int = 0, split: bool = True) -> dict:
     """``PDL``: programmatic dependent launch of both kernels (True), only when the KV is split (None), or
     never (False, the default: see the module docstring). ``MERGE`` (more than one split, PDL off):
     "kernel": triton_attention_splitkv.py (split kernel with the new key and sink in split 0,
     ``STRIDED`` tiles; then its ``_merge_kernel``), the default for full attention (run 9: faster at
     B = 1 and 8); "combine": this module's split kernel + ``_combine_kernel``, the default for
-    sliding-window layers (2 splits: 5.1 vs 5.5 us at B=1 in run 9). One split: this module's kernel."""
+    sliding-window layers (2 splits: 5.1 vs 5.5 us at B=1 in run 9). One split (``split=False``):
+    this module's kernel with its own tiles; the preset's tiles are the split-KV kernel's only (with
+    them, one split ran BLOCK_N 64: 3.76 TB/s at B=256 / 128k in the closing call of session 4)."""
     if window > 0:
         return dict(BLOCK_N=64, num_warps=4, num_stages=2, PDL=False, MERGE="combine")
     cfg = dict(BLOCK_N=128, num_warps=4, num_stages=3, PDL=False, MERGE="combine")
+    if not split:
+        return cfg
     preset = os.environ.get("DAYZERO_DECODE_ATTENTION", DEFAULT_PRESET)
     if preset not in DECODE_PRESETS:
         raise ValueError(f"DAYZERO_DECODE_ATTENTION={preset!r}: choose one of {', '.join(DECODE_PRESETS)}")
@@ -206,7 +210,7 @@ def decode_attention(q, k, v, k_cache, v_cache, block_tables, cu_seqlens_q, cach
                      scale: float, window: int, num_splits: int, out: torch.Tensor,
                      config: dict | None = None) -> torch.Tensor:
     """Launch split-KV decode (every sequence has at most one new token)."""
-    cfg = dict(default_decode_config(q.shape[2], window))
+    cfg = dict(default_decode_config(q.shape[2], window, split=num_splits > 1))
     cfg.update(config or {})
     pdl = num_splits > 1 if cfg["PDL"] is None else bool(cfg["PDL"])
     merge = cfg.pop("MERGE")
@@ -238,7 +242,7 @@ class DecodePlan:
     def make(q, k, cached_lens, num_splits: int, window: int, config: dict | None) -> "DecodePlan":
         T, Hq, D = q.shape
         B = cached_lens.shape[0]
-        cfg = dict(default_decode_config(D, window))
+        cfg = dict(default_decode_config(D, window, split=False))   # this module's kernels
         cfg.update(config or {})
         for key in ("MERGE", "PART_BF16", "STRIDED"):
             cfg.pop(key, None)

@@ -1,0 +1,22 @@
+"""The one-split decode kernel's tiles (BLOCK_N 128, the default, vs 64) at the batch sizes that take
+one split, from CUDA-graph replay; prints the rows and writes $OUT/decode-onesplit.json."""
+import json
+import os
+import sys
+import pathlib
+
+import torch
+
+HERE = pathlib.Path(__file__).resolve().parent
+sys.path.insert(0, str(HERE))
+import bench_decode_big as big  # noqa: E402
+
+big.PLAN = [(64, 1024), (64, 32768), (256, 8192), (64, 131072), (256, 131072)]
+big.SPLITS = (1,)
+rows: list[str] = []
+res = big.bench_decode_big(rows, 4.26e12)
+print("\n".join(rows))
+meta = dict(commit=os.environ.get("DAYZERO_COMMIT", "unknown"), gpu=torch.cuda.get_device_name(0),
+            date_utc=__import__("datetime").datetime.now(__import__("datetime").timezone.utc).isoformat())
+out = pathlib.Path(os.environ.get("OUT", "."))
+(out / "decode-onesplit.json").write_text(json.dumps(dict(meta=meta, results=res), indent=1) + "\n")
