@@ -68,6 +68,11 @@ VARIANTS = {
     "bn128": SplitTiles(bn_gate_up=128, bn_down=128),
     "g64_d128": SplitTiles(bn_gate_up=64, bn_down=128),
     "k1": SplitTiles(bn_gate_up=32, bn_down=128, split_gate_up=1),
+    # candidates for the next device run (interpreter-checked only, not timed): down unsplit too (down
+    # at T = 1 is 20.6 us for 33 MB, ~1.6 TB/s, split 8 ways with tickets), and narrower gate_up tiles
+    "k1_d32": SplitTiles(bn_gate_up=32, bn_down=32, split_gate_up=1, split_down=1),
+    "k1_d64": SplitTiles(bn_gate_up=32, bn_down=64, split_gate_up=1, split_down=1),
+    "k1_g16": SplitTiles(bn_gate_up=16, bn_down=128, split_gate_up=1),
 }
 
 
