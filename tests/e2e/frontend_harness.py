@@ -11,7 +11,6 @@ from __future__ import annotations
 import json
 import os
 import queue
-import socket
 import subprocess
 import sys
 import threading
@@ -22,16 +21,12 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
+from dayzero.serving.launch import free_port
+
 REPO = Path(__file__).resolve().parents[2]
 DOUBLE = REPO / "tests" / "doubles" / "scripted_router.py"
 MODEL_NAME = "gpt-oss-test"
 MAX_MODEL_LEN = 4096
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def _read_line(proc: subprocess.Popen, timeout_s: float) -> str:

@@ -9,21 +9,15 @@ from __future__ import annotations
 
 import multiprocessing as mp
 import random
-import socket
 
 import pytest
 import torch
 
 import transfer_peers as peers
+from dayzero.serving.launch import free_port
 from dayzero.transfer import IncompatiblePeer, KVCompat, TransferPlan, check_compatible
 
 NUM_BLOCKS, BS, SEED = 32, 16, 7
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def _random_plan(rng: random.Random) -> tuple[list[list[int]], list[list[int]]]:
@@ -51,7 +45,7 @@ def exchange(request):
     ctx = mp.get_context("spawn")
     to_parent, from_parent, tx_out = ctx.Queue(), ctx.Queue(), ctx.Queue()
     rx = ctx.Process(target=peers.receiver_main,
-                     args=(kind, BS, NUM_BLOCKS, _free_port(), to_parent, from_parent,
+                     args=(kind, BS, NUM_BLOCKS, free_port(), to_parent, from_parent,
                            [(good.request_id, good.lease_id), (bad.request_id, bad.lease_id)]), daemon=True)
     rx.start()
     try:

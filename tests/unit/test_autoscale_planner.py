@@ -5,7 +5,6 @@ loader, /health and /metrics."""
 from __future__ import annotations
 
 import json
-import socket
 import threading
 import urllib.request
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
@@ -24,6 +23,7 @@ from dayzero_router.autoscale import (
 )
 from dayzero_router.planner import ConfigError, PlannerConfig, PlannerLoop, main, serve_http
 from dayzero_router.planner_kube import DELETION_COST_ANNOTATION, KubeClusterApi, PodRef
+from dayzero.serving.launch import free_port
 
 SEL = "app.kubernetes.io/instance=dz,app.kubernetes.io/component="
 
@@ -59,12 +59,6 @@ class InMemoryCluster:
 
     def set_deletion_cost(self, pod: str, cost: int) -> None:
         self.calls.append(("cost", pod, cost))
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 @pytest.fixture

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import logging
 import os
+import random
 import shutil
 import signal
 import socket
@@ -26,10 +27,58 @@ from dayzero.serving.parent_watch import PARENT_ENV
 log = logging.getLogger(__name__)
 
 
-def free_port(host: str = "127.0.0.1") -> int:
+def _ephemeral_low() -> int:
+    """Lowest port of the kernel's ephemeral range (outgoing connections take their ports there)."""
+    try:
+        with open("/proc/sys/net/ipv4/ip_local_port_range") as f:
+            return int(f.read().split()[0])
+    except (OSError, ValueError, IndexError):
+        return 32768
+
+
+def _bindable(host: str, port: int) -> bool:
     with socket.socket() as s:
-        s.bind((host, 0))
-        return s.getsockname()[1]
+        try:
+            s.bind((host, port))
+        except OSError:
+            return False
+        return True
+
+
+class PortPicker:
+    """Free ports for children that bind them seconds later, none handed out twice.
+
+    A port the kernel picks (bind to 0) lies in the ephemeral range, where any outgoing connection may
+    take it before the child binds it ("Address already in use", seen in the e2e suite under load);
+    so ports are drawn at random below that range and checked bindable, falling back to the kernel's
+    pick when the range below is too small."""
+
+    LOWEST = 10000
+
+    def __init__(self, host: str = "127.0.0.1", rng: random.Random | None = None):
+        self.host = host
+        self._given: set[int] = set()
+        self._rng = rng or random.Random()
+
+    def __call__(self) -> int:
+        top = _ephemeral_low() - 1
+        for _ in range(200 if top - self.LOWEST >= 1000 else 0):
+            port = self._rng.randint(self.LOWEST, top)
+            if port not in self._given and _bindable(self.host, port):
+                self._given.add(port)
+                return port
+        while True:
+            with socket.socket() as s:
+                s.bind((self.host, 0))
+                port = s.getsockname()[1]
+            if port not in self._given:
+                self._given.add(port)
+                return port
+
+
+def free_port(host: str = "127.0.0.1") -> int:
+    """One free port (see ``PortPicker``; a stack that needs several uses one picker)."""
+    return PortPicker(host)()
 
 
 class ProcessFailed(RuntimeError):

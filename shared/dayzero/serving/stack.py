@@ -10,7 +10,7 @@ import tempfile
 import threading
 from dataclasses import dataclass, field
 
-from .launch import (Interrupted, ManagedProcess, ProcessFailed, free_port, python_module, redis_server_binary,
+from .launch import (Interrupted, ManagedProcess, PortPicker, ProcessFailed, python_module, redis_server_binary,
                      start_redis, wait_ready)
 
 log = logging.getLogger(__name__)
@@ -56,6 +56,7 @@ class LocalStack:
         self.frontend: Service | None = None
         self.workers: dict[str, Service] = {}     # name -> service ("prefill-0", "decode-0", ...)
         self._stop_event: threading.Event | None = None
+        self._ports = PortPicker(config.host)     # every auto-picked port of this stack, none twice
         self._env = dict(os.environ, OMP_NUM_THREADS=os.environ.get("OMP_NUM_THREADS", "1"), PYTHONUNBUFFERED="1")
 
     # ---- start ------------------------------------------------------------------------------------
@@ -66,9 +67,9 @@ class LocalStack:
         self._stop_event = stop
         try:
             use_redis = c.use_redis if c.use_redis is not None else redis_server_binary() is not None
-            router_port = free_port(c.host)
+            router_port = self._ports()
             if use_redis:
-                self.redis_port = free_port(c.host)
+                self.redis_port = self._ports()
                 self.redis = start_redis(self.redis_port, self.log_dir, c.host)
                 self.registry_for_router = self.registry_for_workers = f"redis://{c.host}:{self.redis_port}/0"
                 log.info("registry: local redis-server on port %d", self.redis_port)
@@ -87,7 +88,7 @@ class LocalStack:
             wait_ready([(s.process, s.ready_url) for s in [self.router, *self.workers.values()]], c.ready_timeout,
                        stop)
             if c.with_frontend:
-                port = c.frontend_port or free_port(c.host)
+                port = c.frontend_port or self._ports()
                 argv = python_module("dayzero_frontend", "--host", c.host, "--port", str(port),
                                      "--router", f"{c.host}:{self.router.grpc_port}", *c.frontend_args)
                 proc = ManagedProcess("frontend", argv, os.path.join(self.log_dir, "frontend.log"), self._env).start()
@@ -100,7 +101,7 @@ class LocalStack:
 
     def _service(self, name: str, module: str, grpc_port: int, args: list[str]) -> Service:
         c = self.config
-        http_port = free_port(c.host)
+        http_port = self._ports()
         argv = python_module(module, "--host", c.host, "--port", str(grpc_port), "--http-port", str(http_port), *args)
         proc = ManagedProcess(name, argv, os.path.join(self.log_dir, f"{name}.log"), self._env).start()
         return Service(proc, grpc_port, http_port, f"http://{c.host}:{http_port}/ready")
@@ -113,7 +114,7 @@ class LocalStack:
         args = ["--model", c.model_dir, "--redis-url", self.registry_for_workers, "--advertise-host", c.host,
                 "--transport", c.transport, "--block-size", str(c.block_size), "--heartbeat-seconds", "0.5",
                 "--worker-id", name, *role_args, *(extra or [])]
-        svc = self._service(name, module, free_port(c.host), args)
+        svc = self._service(name, module, self._ports(), args)
         self.workers[name] = svc
         if wait:
             wait_ready([(svc.process, svc.ready_url)], c.ready_timeout, self._stop_event)

@@ -1,0 +1,30 @@
+"""Auto-picked ports for local children: free, distinct, outside the kernel's ephemeral range (where an
+outgoing connection can take a free port before the child binds it)."""
+import random
+import socket
+
+from dayzero.serving.launch import PortPicker, _ephemeral_low, free_port
+
+
+def test_ports_are_distinct_bindable_and_below_the_ephemeral_range():
+    pick = PortPicker(rng=random.Random(3))
+    ports = [pick() for _ in range(50)]
+    assert len(set(ports)) == 50
+    low = _ephemeral_low()
+    if low - 1 - PortPicker.LOWEST >= 1000:
+        assert all(PortPicker.LOWEST <= p < low for p in ports)
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", ports[0]))
+
+
+def test_a_taken_port_is_never_handed_out():
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        rng = random.Random(0)
+        forced = PortPicker(rng=rng)
+        forced._rng.randint = lambda a, b: port   # test double: the random draw always hits the taken port
+        got = forced()
+        assert got != port
+    assert isinstance(free_port(), int)
