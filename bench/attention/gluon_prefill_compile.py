@@ -1,8 +1,10 @@
 """Build the Gluon ping-pong prefill kernel (``gluon_attention_prefill``) for sm_90 on a machine WITHOUT a
 GPU and report what the GPU would run, per configuration: launch registers and the setmaxnreg values of
-the partitions (PTX), spills, shared memory, wgmma count in the SASS (HGMMA) and in the key loops, MUFU.EX2
-and the other float ops per loop, and whether any shared-memory round trip (STS / LDS) sits in a key
-loop (P should go to the PV wgmma straight from registers).
+the partitions (PTX), spills, shared memory, wgmma count in the SASS (HGMMA) and per key loop (the
+innermost loops holding a wgmma: unmasked and masked loop of each consumer warpgroup) its length, HGMMA,
+MUFU.EX2, float ops, shared-memory and local (spill) accesses, barriers, and ``ex2_under_pv``: the exps
+that sit between the wait for S (``DEPBAR.LE gsb0, 0x1``) and the wait for the PV product (``0x0``), i.e.
+the softmax that overlaps the warpgroup's own PV wgmma (0 when ptxas hoists the PV wait above it).
 
     PYTHONPATH=shared python bench/attention/gluon_prefill_compile.py [--configs pp2,pp3] [--json FILE]
 """
@@ -41,9 +43,13 @@ def _loops(sass: str) -> list[dict]:
 
         def cnt(prefix: str, body=body) -> int:
             return sum(t.split()[1 if t.startswith("@") else 0].startswith(prefix) for t in body)
-        out.append(dict(n=len(body), hgmma=cnt("HGMMA"), ex2=cnt("MUFU.EX2"), ffma=cnt("FFMA"), fadd=cnt("FADD"),
-                        fmul=cnt("FMUL"), fmnmx=cnt("FMNMX"), f2fp=cnt("F2FP"), sts=cnt("STS"), lds=cnt("LDS"),
-                        ldl=cnt("LDL"), stl=cnt("STL"), syncs=cnt("SYNCS"), bar=cnt("BAR")))
+        w1 = [i for i, t in enumerate(body) if "DEPBAR.LE gsb0, 0x1" in t]
+        w0 = [i for i, t in enumerate(body) if "DEPBAR.LE gsb0, 0x0" in t]
+        # exps between "S done" and "PV done": the softmax overlaps this warpgroup's own PV wgmma
+        overlap = cnt("MUFU.EX2", body[w1[0]:w0[-1]]) if w1 and w0 and w1[0] < w0[-1] else 0
+        out.append(dict(n=len(body), hgmma=cnt("HGMMA"), ex2=cnt("MUFU.EX2"), ex2_under_pv=overlap, ffma=cnt("FFMA"),
+                        fadd=cnt("FADD"), fmul=cnt("FMUL"), fmnmx=cnt("FMNMX"), f2fp=cnt("F2FP"), sts=cnt("STS"),
+                        lds=cnt("LDS"), ldl=cnt("LDL"), stl=cnt("STL"), syncs=cnt("SYNCS"), bar=cnt("BAR")))
     return out
 
 
@@ -61,7 +67,8 @@ def check(name: str) -> dict:
                v_desc=f"tensordesc<bf16[{cfg.block_n}, 64],{kl!r}>", cu_ptr="*i32", sink_ptr="*fp32",
                o_ptr="*bf16", qk_scale="fp32")
     consts = dict(GROUP=8, NWG=cfg.nwg, BN=cfg.block_n, STAGES=cfg.stages, CONSUMER_REGS=cfg.consumer_regs,
-                  PRODUCER_REGS=cfg.producer_regs, num_warps=4)
+                  PRODUCER_REGS=cfg.producer_regs, num_warps=4, PP=cfg.pingpong,
+                  PIN=cfg.pin)
     sig.update({k: "constexpr" for k in consts})
     # what the JIT specializes at a real launch: 16-byte aligned pointers, strides divisible by 16
     attrs = {(i, ): [["tt.divisibility", 16]] for i, n in enumerate(kern.arg_names)
@@ -70,7 +77,8 @@ def check(name: str) -> dict:
     setmax = sorted(set(int(v) for v in re.findall(r"setmaxnreg\.\w+\.sync\.aligned\.u32\s+(\d+)", b.ptx)))
     return dict(config=name, nwg=cfg.nwg, block_n=cfg.block_n, stages=cfg.stages, regs_launch=b.regs,
                 setmaxnreg=setmax, smem_kb=round((b.smem - 1024) / 1024, 1), spill_ldl_stl=b.spills,
-                hgmma=b.sass.count("HGMMA"), mufu_ex2=b.sass.count("MUFU.EX2"), sass_total=len(re.findall(r"/\*[0-9a-f]{4,}\*/\s+[A-Z@]", b.sass)),
+                hgmma=b.sass.count("HGMMA"), mufu_ex2=b.sass.count("MUFU.EX2"),
+                sass_total=len(re.findall(r"/\*[0-9a-f]{4,}\*/\s+[A-Z@]", b.sass)),
                 loops=_loops(b.sass))
 
 

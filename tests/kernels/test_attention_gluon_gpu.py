@@ -14,6 +14,8 @@ rule) in torch and must match the reference, so the kernel's index logic is chec
 
 from __future__ import annotations
 
+import os
+
 import pytest
 import torch
 
@@ -90,7 +92,10 @@ def _run(case, cfg_name: str) -> list[float]:
     return errs
 
 
-CFGS = ["pp2", "pp2_s3"]
+ALL_CFGS = ["pp2", "pp2_nopin", "pp2_free", "pp3_n64"]  # = gluon_attention_prefill.RUN_CONFIGS (checked below)
+# DAYZERO_GLUON_CFGS=a,b: only these (gluon_prefill_run.sh tests one configuration per process, so a
+# configuration that hangs on the GPU is cut by its own timeout)
+CFGS = [c for c in os.environ.get("DAYZERO_GLUON_CFGS", "").split(",") if c] or ALL_CFGS
 
 
 @pytest.mark.gpu
@@ -120,15 +125,24 @@ def test_gpu_long_and_extreme_scores(cfg):
 
 @pytest.mark.gpu
 @pytest.mark.skipif(not CUDA, reason="needs a CUDA GPU")
-def test_gpu_matches_emulation_bitwise_close():
+@pytest.mark.parametrize("cfg", CFGS)
+def test_gpu_matches_emulation_bitwise_close(cfg):
     """The kernel and its torch schedule agree much closer than either to the bf16 reference tolerance."""
     G = _gluon()
+    c = G.CONFIGS[cfg]
     case = make_case([300, 129], [0, 0], hq=16, hkv=2, sinks="mixed", seed=23, device="cuda")
     out = torch.full_like(case.q, float("nan"))
     G.prefill_attention(case.q, case.k, case.v, case.k_cache, case.v_cache, case.block_tables, case.cu_seqlens_q,
-                        case.cached_lens, case.sinks, case.scale, 0, 300, out)
-    emu = emulate(case.q.cpu(), case.k.cpu(), case.v.cpu(), case.cu_seqlens_q.cpu(), case.sinks.cpu(), case.scale)
+                        case.cached_lens, case.sinks, case.scale, 0, 300, out, config=c)
+    emu = emulate(case.q.cpu(), case.k.cpu(), case.v.cpu(), case.cu_seqlens_q.cpu(), case.sinks.cpu(), case.scale,
+                  nwg=c.nwg, block_n=c.block_n)
     assert max(seq_errors(out.cpu(), emu.to(torch.bfloat16), case.cu_seqlens_q.cpu())) < 5e-3
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not CUDA, reason="needs a CUDA GPU")
+def test_gpu_configs_are_the_run_configs():
+    assert tuple(ALL_CFGS) == _gluon().RUN_CONFIGS and set(CFGS) <= set(ALL_CFGS)
 
 
 @pytest.mark.gpu

@@ -15,7 +15,9 @@ tokens) and one producer warp:
   * consumer g, key tile j >= 1 (FA3's schedule): wait for K_j and V_{j-1}; wait for its *turn*; issue
     S = Q K_j^T and O += P_{j-1} V_{j-1} (async wgmma, P from registers); pass the turn on; wait for S
     only; release K_j; softmax of S (P_j, row max / sum, alpha); wait for O; release V_{j-1};
-    O *= alpha. The turn (mbarrier ``turn[g]``, passed round-robin g -> g + 1) lets one warpgroup's
+    O *= alpha. ptxas hoists the wait for O above the softmax (the PTX has it after; the SASS then has no
+    exp under the PV wgmma), unless something the wait cannot pass depends on the softmax: ``pin`` stores
+    the row sums to shared memory before that wait (2 STS a tile). The turn (mbarrier ``turn[g]``, passed round-robin g -> g + 1) lets one warpgroup's
     wgmmas run while the others do their softmax: the tensor core and the MUFU overlap across
     warpgroups, and inside a warpgroup the PV product overlaps its own softmax.
   * tile 0 is peeled (no PV yet), then the tiles every row of the CTA sees whole (no mask), then the
@@ -27,7 +29,12 @@ tokens) and one producer warp:
 Rows of a tile past the sequence's end read the next sequence's q/k/v (finite) or TMA zero fill past T;
 their outputs are never stored, and keys past the end are masked for every stored row (key <= query).
 
-``emulate`` (pure torch, no triton) runs the same tile schedule, masks and sink rule on the CPU; the
+Configurations (``CONFIGS``): pp2 (the design), pp2_nopin (ptxas's order), pp2_free (no turns),
+pp2_s3 (3 K/V stages), pp3_n64 (3 warpgroups, 64-key tiles, 160 registers); pp3 (3 warpgroups, 128-key
+tiles) spills in its sm_90 build and is not run. ``bench/attention/gluon_prefill_compile.py`` reports the
+sm_90 builds; ``bench/attention/gluon_prefill_run.sh`` tests and times them in one device call.
+
+``gluon_attention_schedule.emulate`` (pure torch, no triton) runs the same tile schedule, masks and sink rule on the CPU; the
 tests check it against the torch reference so the index logic is checked without a GPU.
 Importing this module imports triton's Gluon.
 """
@@ -61,6 +68,9 @@ class GluonPrefillConfig:
     consumer_regs: int = 240
     producer_regs: int = 24
     maxnreg: int = 168
+    pingpong: bool = True      # False (diagnostic): no turns, the warpgroups issue their wgmmas whenever ready
+    pin: bool = True           # a shared-memory store of the row sums keeps the softmax before the PV wait
+                               # (without it ptxas hoists that wait above the softmax: no overlap in a warpgroup)
 
     @property
     def block_m(self) -> int:
@@ -69,13 +79,19 @@ class GluonPrefillConfig:
 
 DEFAULT = GluonPrefillConfig()
 NWG3 = GluonPrefillConfig(nwg=3, consumer_regs=160, producer_regs=24, maxnreg=128)
-CONFIGS = {"pp2": DEFAULT, "pp3": NWG3, "pp2_s3": GluonPrefillConfig(stages=3)}
+CONFIGS = {"pp2": DEFAULT, "pp2_nopin": GluonPrefillConfig(pin=False), "pp2_free": GluonPrefillConfig(pingpong=False),
+           "pp2_s3": GluonPrefillConfig(stages=3),
+           "pp3_n64": GluonPrefillConfig(nwg=3, block_n=64, consumer_regs=160, producer_regs=24, maxnreg=128),
+           "pp3": NWG3}
+# what gluon_prefill_run.sh tests and times: the configurations whose sm_90 build does not spill
+RUN_CONFIGS = ("pp2", "pp2_nopin", "pp2_free", "pp3_n64")
 
 
 @gluon.jit
-def _producer(p, NWG: gl.constexpr, BN: gl.constexpr, STAGES: gl.constexpr):
+def _producer(p, NWG: gl.constexpr, BN: gl.constexpr, STAGES: gl.constexpr, PP: gl.constexpr,
+              PIN: gl.constexpr):
     """1 warp: Q once, then K_j / V_j for every key tile of the CTA into the ring."""
-    (q_desc, k_desc, v_desc, q_smem, k_smem, v_smem, q_bar, k_ready, k_empty, v_ready, v_empty, turn,
+    (q_desc, k_desc, v_desc, q_smem, k_smem, v_smem, pin_smem, q_bar, k_ready, k_empty, v_ready, v_empty, turn,
      o_ptr, sink_ptr, stride_ot, stride_oh, qk_scale, q_start, q_len, m_start, h, hkv, n_full, n_tiles) = p
     mbarrier.expect(q_bar, NWG * WM * HD * 2)
     for g in gl.static_range(NWG):
@@ -113,7 +129,8 @@ def _softmax(sacc, m_i, l_i, qk_scale, j, rows, MASK: gl.constexpr, BN: gl.const
 
 @gluon.jit
 def _step(j, o, p_prev, m_i, l_i, q_s, k_smem, v_smem, k_ready, k_empty, v_ready, v_empty, turn, rows, qk_scale,
-          WG: gl.constexpr, NWG: gl.constexpr, BN: gl.constexpr, STAGES: gl.constexpr, MASK: gl.constexpr):
+          pin_buf, WG: gl.constexpr, NWG: gl.constexpr, BN: gl.constexpr, STAGES: gl.constexpr, MASK: gl.constexpr,
+          PP: gl.constexpr, PIN: gl.constexpr):
     """Key tile j >= 1: S_j = Q K_j^T and O += P_{j-1} V_{j-1} issued in this warpgroup's turn; softmax of
     S_j overlaps the PV product (and the other warpgroups' wgmmas)."""
     s_l: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1], instr_shape=[16, BN, 16])
@@ -121,15 +138,19 @@ def _step(j, o, p_prev, m_i, l_i, q_s, k_smem, v_smem, k_ready, k_empty, v_ready
     sp = (j - 1) % STAGES
     mbarrier.wait(k_ready.index(s), (j // STAGES) & 1)
     mbarrier.wait(v_ready.index(sp), ((j - 1) // STAGES) & 1)
-    mbarrier.wait(turn.index(WG), j & 1)
+    if PP:
+        mbarrier.wait(turn.index(WG), j & 1)
     sacc = warpgroup_mma(q_s, k_smem.index(s).permute((1, 0)), gl.zeros([WM, BN], gl.float32, s_l),
                          use_acc=False, is_async=True)
     o = warpgroup_mma(p_prev, v_smem.index(sp), o, is_async=True)
-    mbarrier.arrive(turn.index((WG + 1) % NWG))
+    if PP:
+        mbarrier.arrive(turn.index((WG + 1) % NWG))
     sacc = warpgroup_mma_wait(1, deps=(sacc, ))              # S done; the PV product may still run
     fence_async_shared()
     mbarrier.arrive(k_empty.index(s))
     p, alpha, m_i, l_i = _softmax(sacc, m_i, l_i, qk_scale, j, rows, MASK, BN)
+    if PIN:  # keep the softmax before the PV wait: ptxas hoists the wait above it otherwise (see NOTES)
+        pin_buf.store(l_i)
     o = warpgroup_mma_wait(0, deps=(o, ))
     fence_async_shared()
     mbarrier.arrive(v_empty.index(sp))
@@ -144,21 +165,25 @@ def _to_a(p, o_l: gl.constexpr):
 
 
 @gluon.jit
-def _consumer(p, WG: gl.constexpr, NWG: gl.constexpr, BN: gl.constexpr, STAGES: gl.constexpr):
+def _consumer(p, WG: gl.constexpr, NWG: gl.constexpr, BN: gl.constexpr, STAGES: gl.constexpr, PP: gl.constexpr,
+              PIN: gl.constexpr):
     """4 warps: query rows [m_start + 64 WG, + 64) of the CTA's head, every key tile, then the epilogue."""
-    (q_desc, k_desc, v_desc, q_smem, k_smem, v_smem, q_bar, k_ready, k_empty, v_ready, v_empty, turn,
+    (q_desc, k_desc, v_desc, q_smem, k_smem, v_smem, pin_smem, q_bar, k_ready, k_empty, v_ready, v_empty, turn,
      o_ptr, sink_ptr, stride_ot, stride_oh, qk_scale, q_start, q_len, m_start, h, hkv, n_full, n_tiles) = p
     s_l: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1], instr_shape=[16, BN, 16])
     o_l: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1], instr_shape=[16, HD, 16])
     rows = m_start + WG * WM + gl.arange(0, WM, gl.SliceLayout(1, s_l))    # [WM] query index in the sequence
     q_s = q_smem.index(WG)                                                  # [WM, HD]
+    pin_buf = pin_smem.index(WG)                                            # [WM] fp32 (PIN)
     mbarrier.wait(q_bar, 0)
     # ---- tile 0 (peeled: no PV yet; masked, as it is the diagonal tile of the first query tile) ----
     mbarrier.wait(k_ready.index(0), 0)
-    mbarrier.wait(turn.index(WG), 0)
+    if PP:
+        mbarrier.wait(turn.index(WG), 0)
     sacc = warpgroup_mma(q_s, k_smem.index(0).permute((1, 0)), gl.zeros([WM, BN], gl.float32, s_l),
                          use_acc=False, is_async=True)
-    mbarrier.arrive(turn.index((WG + 1) % NWG))
+    if PP:
+        mbarrier.arrive(turn.index((WG + 1) % NWG))
     sacc = warpgroup_mma_wait(0, deps=(sacc, ))
     fence_async_shared()
     mbarrier.arrive(k_empty.index(0))
@@ -169,10 +194,10 @@ def _consumer(p, WG: gl.constexpr, NWG: gl.constexpr, BN: gl.constexpr, STAGES: 
     # ---- tiles every row of the CTA sees whole, then the diagonal tiles ----
     for j in range(1, n_full):
         o, p, m_i, l_i = _step(j, o, _to_a(p, o_l), m_i, l_i, q_s, k_smem, v_smem, k_ready, k_empty, v_ready,
-                               v_empty, turn, rows, qk_scale, WG, NWG, BN, STAGES, False)
+                               v_empty, turn, rows, qk_scale, pin_buf, WG, NWG, BN, STAGES, False, PP, PIN)
     for j in range(gl.maximum(n_full, 1), n_tiles):
         o, p, m_i, l_i = _step(j, o, _to_a(p, o_l), m_i, l_i, q_s, k_smem, v_smem, k_ready, k_empty, v_ready,
-                               v_empty, turn, rows, qk_scale, WG, NWG, BN, STAGES, True)
+                               v_empty, turn, rows, qk_scale, pin_buf, WG, NWG, BN, STAGES, True, PP, PIN)
     # ---- last PV, then the sink joins the softmax once ----
     last = n_tiles - 1
     sl = last % STAGES
@@ -195,24 +220,28 @@ def _consumer(p, WG: gl.constexpr, NWG: gl.constexpr, BN: gl.constexpr, STAGES: 
 
 
 @gluon.jit
-def _consumer0(p, NWG: gl.constexpr, BN: gl.constexpr, STAGES: gl.constexpr):
-    _consumer(p, 0, NWG, BN, STAGES)
+def _consumer0(p, NWG: gl.constexpr, BN: gl.constexpr, STAGES: gl.constexpr, PP: gl.constexpr,
+               PIN: gl.constexpr):
+    _consumer(p, 0, NWG, BN, STAGES, PP, PIN)
 
 
 @gluon.jit
-def _consumer1(p, NWG: gl.constexpr, BN: gl.constexpr, STAGES: gl.constexpr):
-    _consumer(p, 1, NWG, BN, STAGES)
+def _consumer1(p, NWG: gl.constexpr, BN: gl.constexpr, STAGES: gl.constexpr, PP: gl.constexpr,
+               PIN: gl.constexpr):
+    _consumer(p, 1, NWG, BN, STAGES, PP, PIN)
 
 
 @gluon.jit
-def _consumer2(p, NWG: gl.constexpr, BN: gl.constexpr, STAGES: gl.constexpr):
-    _consumer(p, 2, NWG, BN, STAGES)
+def _consumer2(p, NWG: gl.constexpr, BN: gl.constexpr, STAGES: gl.constexpr, PP: gl.constexpr,
+               PIN: gl.constexpr):
+    _consumer(p, 2, NWG, BN, STAGES, PP, PIN)
 
 
 @gluon.jit
 def prefill_pingpong_kernel(q_desc, k_desc, v_desc, cu_ptr, sink_ptr, o_ptr, stride_ot, stride_oh, qk_scale,
                             GROUP: gl.constexpr, NWG: gl.constexpr, BN: gl.constexpr, STAGES: gl.constexpr,
-                            CONSUMER_REGS: gl.constexpr, PRODUCER_REGS: gl.constexpr, num_warps: gl.constexpr):
+                            CONSUMER_REGS: gl.constexpr, PRODUCER_REGS: gl.constexpr, num_warps: gl.constexpr,
+                            PP: gl.constexpr = True, PIN: gl.constexpr = True):
     """Grid (query tiles of BM = 64 NWG tokens, longest first; query heads; sequences)."""
     BM: gl.constexpr = NWG * WM
     pid_m = gl.num_programs(0) - 1 - gl.program_id(0)
@@ -229,6 +258,7 @@ def prefill_pingpong_kernel(q_desc, k_desc, v_desc, cu_ptr, sink_ptr, o_ptr, str
     q_smem = gl.allocate_shared_memory(gl.bfloat16, [NWG, WM, HD], q_desc.layout)
     k_smem = gl.allocate_shared_memory(gl.bfloat16, [STAGES, BN, HD], k_desc.layout)
     v_smem = gl.allocate_shared_memory(gl.bfloat16, [STAGES, BN, HD], v_desc.layout)
+    pin_smem = gl.allocate_shared_memory(gl.float32, [NWG, WM], gl.SwizzledSharedLayout(1, 1, 1, [0]))
     q_bar = gl.allocate_shared_memory(gl.int64, [1], mbarrier.MBarrierLayout())
     k_ready = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
     k_empty = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
@@ -245,14 +275,15 @@ def prefill_pingpong_kernel(q_desc, k_desc, v_desc, cu_ptr, sink_ptr, o_ptr, str
         mbarrier.init(turn.index(i), count=1)
     fence_async_shared()
     mbarrier.arrive(turn.index(0))                   # warpgroup 0 has the first turn
-    p = (q_desc, k_desc, v_desc, q_smem, k_smem, v_smem, q_bar, k_ready, k_empty, v_ready, v_empty, turn,
+    p = (q_desc, k_desc, v_desc, q_smem, k_smem, v_smem, pin_smem, q_bar, k_ready, k_empty, v_ready, v_empty, turn,
          o_ptr, sink_ptr, stride_ot, stride_oh, qk_scale, q_start, q_len, m_start, h, h // GROUP, n_full, n_tiles)
-    if NWG == 2:
-        gl.warp_specialize([(_consumer0, (p, NWG, BN, STAGES)), (_consumer1, (p, NWG, BN, STAGES)),
-                            (_producer, (p, NWG, BN, STAGES))], [4, 1], [CONSUMER_REGS, PRODUCER_REGS])
+    if NWG == 2:  # (constexprs passed one by one: a shared tuple would turn them into tensors)
+        gl.warp_specialize([(_consumer0, (p, NWG, BN, STAGES, PP, PIN)), (_consumer1, (p, NWG, BN, STAGES, PP, PIN)),
+                            (_producer, (p, NWG, BN, STAGES, PP, PIN))], [4, 1], [CONSUMER_REGS, PRODUCER_REGS])
     else:
-        gl.warp_specialize([(_consumer0, (p, NWG, BN, STAGES)), (_consumer1, (p, NWG, BN, STAGES)),
-                            (_consumer2, (p, NWG, BN, STAGES)), (_producer, (p, NWG, BN, STAGES))], [4, 4, 1],
+        gl.warp_specialize([(_consumer0, (p, NWG, BN, STAGES, PP, PIN)), (_consumer1, (p, NWG, BN, STAGES, PP, PIN)),
+                            (_consumer2, (p, NWG, BN, STAGES, PP, PIN)),
+                            (_producer, (p, NWG, BN, STAGES, PP, PIN))], [4, 4, 1],
                            [CONSUMER_REGS, CONSUMER_REGS, PRODUCER_REGS])
 
 
@@ -283,8 +314,10 @@ def prefill_attention(q, k, v, k_cache, v_cache, block_tables, cu_seqlens_q, cac
     prefill_pingpong_kernel[grid](
         _desc(q, 64), _desc(k, bn), _desc(v, bn), cu_seqlens_q, sinks, out, out.stride(0), out.stride(1),
         scale * LOG2E, GROUP=Hq // k.shape[1], NWG=cfg.nwg, BN=bn, STAGES=cfg.stages,
-        CONSUMER_REGS=cfg.consumer_regs, PRODUCER_REGS=cfg.producer_regs, num_warps=4, maxnreg=cfg.maxnreg)
+        CONSUMER_REGS=cfg.consumer_regs, PRODUCER_REGS=cfg.producer_regs, num_warps=4, maxnreg=cfg.maxnreg,
+        PP=cfg.pingpong, PIN=cfg.pin)
     return out
 
 
-__all__ = ["CONFIGS", "DEFAULT", "GluonPrefillConfig", "prefill_attention", "prefill_pingpong_kernel", "tile_plan"]
+__all__ = ["CONFIGS", "DEFAULT", "RUN_CONFIGS", "GluonPrefillConfig", "prefill_attention", "prefill_pingpong_kernel",
+           "tile_plan"]
