@@ -24,7 +24,7 @@ import torch
 
 HERE = pathlib.Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
-from attn_common import D, HQ, run_meta, single_sequence, sink_reference_rows, time_ms  # noqa: E402
+from attn_common import D, HKV, HQ, run_meta, single_sequence, sink_reference_rows, time_ms  # noqa: E402
 
 SCALE = D ** -0.5
 
@@ -69,7 +69,7 @@ def main() -> int:
     out_dir = pathlib.Path(a.out)
     out_dir.mkdir(parents=True, exist_ok=True)
     names = ["triton"] + a.configs.split(",") + ["triton@end"]
-    doc = dict(meta=run_meta(), shape=dict(hq=HQ, hkv=8, d=D, sinks=True, cached=0), rows=[], errors=[])
+    doc = dict(meta=run_meta(), shape=dict(hq=HQ, hkv=HKV, d=D, sinks=True, cached=0), rows=[], errors=[])
     for n in (int(x) for x in a.n.split(",")):
         p = single_sequence(n, 0, seed=n)
         flops = 4 * D * HQ * n * (n + 1) / 2
