@@ -9,7 +9,8 @@ units, keys whose scores keep growing along the sequence (the running max and O 
 unsupported calls raise ValueError.
 CPU tests (no triton, run in CI): ``gluon_attention_schedule.emulate`` runs the kernel's tile schedule
 (CTA / warpgroup rows, tile 0 + unmasked + diagonal tiles, TMA reads past a sequence and past T, the sink
-rule) in torch and must match the reference, so the kernel's index logic is checked without a GPU.
+rule) in torch and must match the reference, so the kernel's index logic is checked without a GPU;
+``simulate_protocol`` steps its mbarrier protocol (ring, empties, turns) at random interleavings.
 """
 
 from __future__ import annotations
@@ -20,7 +21,7 @@ import pytest
 import torch
 
 from dayzero.kernels import torch_attention as ref_ops
-from dayzero.kernels.gluon_attention_schedule import emulate, tile_plan
+from dayzero.kernels.gluon_attention_schedule import ProtocolError, emulate, simulate_protocol, tile_plan
 from dayzero.kernels.triton_attention_cases import make_case, seq_errors
 
 TOL = 1e-2
@@ -64,6 +65,22 @@ def test_tile_plan_covers_causal_keys(block_m, block_n):
             assert c.n_tiles * block_n >= min(c.m_start + block_m, q_len)  # the last row's keys
             assert (c.n_tiles - 1) * block_n < min(c.m_start + block_m, q_len)
             assert 1 <= c.n_tiles and c.n_full <= c.n_tiles
+
+
+@pytest.mark.parametrize("nwg,stages", [(2, 2), (2, 3), (3, 2)])
+@pytest.mark.parametrize("pingpong", [True, False])
+def test_barrier_protocol_no_deadlock_no_hazard(nwg, stages, pingpong):
+    """The kernel's waits / arrives (producer ring, per-stage empties counting every consumer, the turn
+    passed round-robin) interleaved at random: no deadlock, no stage read early or overwritten in use."""
+    for n_tiles in range(1, 8):
+        for seed in range(6):
+            assert simulate_protocol(n_tiles, nwg, stages, pingpong, seed) > 0
+
+
+def test_barrier_protocol_check_can_fail():
+    """Without the producer's first-pass parity flip its first wait never passes: reported, not hung."""
+    with pytest.raises(ProtocolError, match="deadlock"):
+        simulate_protocol(3, empty_parity_flip=0)
 
 
 # ---------------------------------------------------------------- GPU ----

@@ -17,9 +17,10 @@ tokens) and one producer warp:
     only; release K_j; softmax of S (P_j, row max / sum, alpha); wait for O; release V_{j-1};
     O *= alpha. ptxas hoists the wait for O above the softmax (the PTX has it after; the SASS then has no
     exp under the PV wgmma), unless something the wait cannot pass depends on the softmax: ``pin`` stores
-    the row sums to shared memory before that wait (2 STS a tile). The turn (mbarrier ``turn[g]``, passed round-robin g -> g + 1) lets one warpgroup's
-    wgmmas run while the others do their softmax: the tensor core and the MUFU overlap across
-    warpgroups, and inside a warpgroup the PV product overlaps its own softmax.
+    the row sums to shared memory before that wait (2 STS a tile). The turn (mbarrier ``turn[g]``, passed
+    round-robin g -> g + 1) lets one warpgroup's wgmmas run while the others do their softmax: the tensor
+    core and the MUFU overlap across warpgroups, and inside a warpgroup the PV product overlaps its own
+    softmax.
   * tile 0 is peeled (no PV yet), then the tiles every row of the CTA sees whole (no mask), then the
     tiles at the diagonal (masked, ``key <= query``); every consumer walks every tile of the CTA (turns
     stay in lock step), so a warpgroup may score a tile it sees nothing of (p = 0 exactly, as the
@@ -34,8 +35,9 @@ pp2_s3 (3 K/V stages), pp3_n64 (3 warpgroups, 64-key tiles, 160 registers); pp3 
 tiles) spills in its sm_90 build and is not run. ``bench/attention/gluon_prefill_compile.py`` reports the
 sm_90 builds; ``bench/attention/gluon_prefill_run.sh`` tests and times them in one device call.
 
-``gluon_attention_schedule.emulate`` (pure torch, no triton) runs the same tile schedule, masks and sink rule on the CPU; the
-tests check it against the torch reference so the index logic is checked without a GPU.
+``gluon_attention_schedule.emulate`` (pure torch, no triton) runs the same tile schedule, masks and sink
+rule on the CPU; the tests check it against the torch reference, so the index logic is checked without a GPU;
+``simulate_protocol`` there replays this kernel's mbarrier waits and arrives (keep the two in step).
 Importing this module imports triton's Gluon.
 """
 

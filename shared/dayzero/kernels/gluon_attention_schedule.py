@@ -1,9 +1,12 @@
-"""The tile schedule of the Gluon ping-pong prefill kernel (``gluon_attention_prefill``) in plain torch.
+"""The tile schedule and mbarrier protocol of the Gluon ping-pong prefill kernel (``gluon_attention_prefill``)
+in plain Python / torch.
 
 No triton here: CI (no GPU, no triton) checks ``emulate`` against the torch reference op, so the
 kernel's index logic (which query rows a CTA and a warpgroup own, which key tiles it walks, which of
 them are masked, what TMA reads past a sequence or past T, how the sink joins the softmax) is checked
-without a GPU. Gluon kernels cannot run in TRITON_INTERPRET, so this is the CPU check of that logic.
+without a GPU; ``simulate_protocol`` steps its producer / consumer waits and arrives (K/V ring, empties,
+turns) at random interleavings and reports deadlocks and stage hazards. Gluon kernels cannot run in
+TRITON_INTERPRET, so these are the CPU checks of that logic; keep them in step with the kernel.
 """
 
 from __future__ import annotations
@@ -111,3 +114,124 @@ def emulate(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cu_seqlens_q: tor
                     keep = rows < q_len
                     out[q_start + rows[keep], h] = res[keep]
     return out
+
+
+# ---- the mbarrier protocol, step by step (deadlocks and stage hazards without a GPU) ----
+
+class ProtocolError(RuntimeError):
+    """A deadlock, or a K/V stage read before its tile landed or overwritten while a warpgroup reads it."""
+
+
+class _Barrier:
+    """An mbarrier: ``count`` arrivals complete a phase; ``wait(parity)`` passes once the phase of that
+    parity has completed (PTX try_wait.parity: passes while the completed-phase count's parity differs)."""
+
+    def __init__(self, count: int):
+        self.count, self.pending, self.completed = count, 0, 0
+
+    def arrive(self) -> None:
+        self.pending += 1
+        if self.pending == self.count:
+            self.completed, self.pending = self.completed + 1, 0
+
+    def passes(self, parity: int) -> bool:
+        return self.completed % 2 != parity
+
+
+class _Running(_Barrier):
+    """Not a barrier: a point where a warpgroup's wgmma runs (anything may happen meanwhile)."""
+
+    def __init__(self):
+        super().__init__(1)
+
+    def passes(self, parity: int) -> bool:
+        return True
+
+
+def simulate_protocol(n_tiles: int, nwg: int = 2, stages: int = 2, pingpong: bool = True, seed: int = 0,
+                      empty_parity_flip: int = 1) -> int:
+    """Run the kernel's producer and consumers (the same waits and arrives, in the same order, as
+    ``gluon_attention_prefill``) for one CTA of ``n_tiles`` key tiles, interleaved at random (TMA copies
+    land at random later points). Raises ProtocolError on a deadlock or a stage hazard; returns the
+    number of steps. ``empty_parity_flip`` is the kernel's ``^ 1`` on the producer's first empty waits
+    (a test passes 0 to see the check fail)."""
+    import random
+    rnd = random.Random(seed)
+    q_bar = _Barrier(1)
+    k_ready, v_ready = [_Barrier(1) for _ in range(stages)], [_Barrier(1) for _ in range(stages)]
+    k_empty, v_empty = [_Barrier(nwg) for _ in range(stages)], [_Barrier(nwg) for _ in range(stages)]
+    turn = [_Barrier(1) for _ in range(nwg)]
+    turn[0].arrive()                                          # warpgroup 0 has the first turn
+    content = {"K": [None] * stages, "V": [None] * stages}    # tile index in each stage
+    readers = {"K": [set() for _ in range(stages)], "V": [set() for _ in range(stages)]}
+    landing = []                                              # TMA copies in flight: (kind, stage, tile, barrier)
+    mma = _Running()
+
+    def read(kind, s, tile, who):
+        if content[kind][s] != tile:
+            raise ProtocolError(f"{who} reads {kind} stage {s} expecting tile {tile}, holds {content[kind][s]}")
+        readers[kind][s].add(who)
+
+    def producer():
+        landing.append(("Q", 0, 0, q_bar))
+        for j in range(n_tiles):
+            s, ph = j % stages, ((j // stages) & 1) ^ empty_parity_flip
+            yield k_empty[s], ph
+            landing.append(("K", s, j, k_ready[s]))
+            yield v_empty[s], ph
+            landing.append(("V", s, j, v_ready[s]))
+
+    def consumer(g):
+        who = f"wg{g}"
+        yield q_bar, 0
+        yield k_ready[0], 0
+        if pingpong:
+            yield turn[g], 0
+        read("K", 0, 0, who)
+        if pingpong:
+            turn[(g + 1) % nwg].arrive()
+        yield mma, 0
+        readers["K"][0].discard(who)
+        k_empty[0].arrive()
+        for j in range(1, n_tiles):
+            s, sp = j % stages, (j - 1) % stages
+            yield k_ready[s], (j // stages) & 1
+            yield v_ready[sp], ((j - 1) // stages) & 1
+            if pingpong:
+                yield turn[g], j & 1
+            read("K", s, j, who)
+            read("V", sp, j - 1, who)
+            if pingpong:
+                turn[(g + 1) % nwg].arrive()
+            yield mma, 0                                      # S = Q K^T and O += P V run
+            readers["K"][s].discard(who)
+            k_empty[s].arrive()
+            yield mma, 0                                      # the softmax; O += P V still runs
+            readers["V"][sp].discard(who)
+            v_empty[sp].arrive()
+        last = n_tiles - 1
+        yield v_ready[last % stages], (last // stages) & 1
+        read("V", last % stages, last, who)
+        yield mma, 0
+        readers["V"][last % stages].discard(who)
+        v_empty[last % stages].arrive()
+
+    procs = [producer()] + [consumer(g) for g in range(nwg)]
+    waiting = [next(p) for p in procs]                        # each process's current (barrier, parity)
+    steps = 0
+    while any(w is not None for w in waiting) or landing:
+        ready = [i for i, w in enumerate(waiting) if w is not None and w[0].passes(w[1])]
+        if not ready and not landing:
+            raise ProtocolError(f"deadlock after {steps} steps ({n_tiles} tiles, {nwg} warpgroups, {stages} stages)")
+        if landing and (not ready or rnd.random() < 0.3):     # a TMA copy lands
+            kind, s, tile, bar = landing.pop(rnd.randrange(len(landing)))
+            if kind != "Q":
+                if readers[kind][s]:
+                    raise ProtocolError(f"{kind} tile {tile} overwrites stage {s} while {readers[kind][s]} read it")
+                content[kind][s] = tile
+            bar.arrive()
+        else:
+            i = rnd.choice(ready)
+            waiting[i] = next(procs[i], None)
+        steps += 1
+    return steps
