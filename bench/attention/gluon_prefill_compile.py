@@ -60,6 +60,8 @@ def check(name: str) -> dict:
     from dayzero.kernels.gluon_attention_prefill import CONFIGS, prefill_pingpong_kernel as kern
 
     cfg = CONFIGS[name]
+    if cfg.persistent:
+        from dayzero.kernels.gluon_attention_prefill_persistent import prefill_pingpong_persistent_kernel as kern
     ql = gl.NVMMASharedLayout.get_default_for([64, 64], gl.bfloat16)
     kl = gl.NVMMASharedLayout.get_default_for([cfg.block_n, 64], gl.bfloat16)
     sig = {n: "i32" for n in kern.arg_names}

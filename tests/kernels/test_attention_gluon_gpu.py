@@ -77,10 +77,23 @@ def test_barrier_protocol_no_deadlock_no_hazard(nwg, stages, pingpong):
             assert simulate_protocol(n_tiles, nwg, stages, pingpong, seed) > 0
 
 
+@pytest.mark.parametrize("stages", [2, 3])
+def test_barrier_protocol_persistent_walk(stages):
+    """The persistent kernel's walk: items of 1-6 tiles back to back, two Q buffers, ring and turns counted
+    over the walk."""
+    import random
+    rnd = random.Random(stages)
+    for seed in range(40):
+        items = [rnd.randint(1, 6) for _ in range(rnd.randint(1, 6))]
+        assert simulate_protocol(0, 2, stages, seed % 5 != 0, seed, items=items) > 0
+
+
 def test_barrier_protocol_check_can_fail():
     """Without the producer's first-pass parity flip its first wait never passes: reported, not hung."""
     with pytest.raises(ProtocolError, match="deadlock"):
         simulate_protocol(3, empty_parity_flip=0)
+    with pytest.raises(ProtocolError, match="deadlock"):
+        simulate_protocol(0, empty_parity_flip=0, items=[2, 3])
 
 
 # ---------------------------------------------------------------- GPU ----
@@ -109,7 +122,8 @@ def _run(case, cfg_name: str) -> list[float]:
     return errs
 
 
-ALL_CFGS = ["pp2", "pp2_nopin", "pp2_free", "pp3_n64"]  # = gluon_attention_prefill.RUN_CONFIGS (checked below)
+# = gluon_attention_prefill.RUN_CONFIGS (checked below)
+ALL_CFGS = ["pp2", "pp2_persist", "pp2_nopin", "pp2_free", "pp3_n64"]
 # DAYZERO_GLUON_CFGS=a,b: only these (gluon_prefill_run.sh tests one configuration per process, so a
 # configuration that hangs on the GPU is cut by its own timeout)
 CFGS = [c for c in os.environ.get("DAYZERO_GLUON_CFGS", "").split(",") if c] or ALL_CFGS

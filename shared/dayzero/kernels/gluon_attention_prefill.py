@@ -30,7 +30,8 @@ tokens) and one producer warp:
 Rows of a tile past the sequence's end read the next sequence's q/k/v (finite) or TMA zero fill past T;
 their outputs are never stored, and keys past the end are masked for every stored row (key <= query).
 
-Configurations (``CONFIGS``): pp2 (the design), pp2_nopin (ptxas's order), pp2_free (no turns),
+Configurations (``CONFIGS``): pp2 (the design), pp2_persist (the same, persistent: one CTA per SM walks
+the work items, ``gluon_attention_prefill_persistent``), pp2_nopin (ptxas's order), pp2_free (no turns),
 pp2_s3 (3 K/V stages), pp3_n64 (3 warpgroups, 64-key tiles, 160 registers); pp3 (3 warpgroups, 128-key
 tiles) spills in its sm_90 build and is not run. ``bench/attention/gluon_prefill_compile.py`` reports the
 sm_90 builds; ``bench/attention/gluon_prefill_run.sh`` tests and times them in one device call.
@@ -73,6 +74,7 @@ class GluonPrefillConfig:
     pingpong: bool = True      # False (diagnostic): no turns, the warpgroups issue their wgmmas whenever ready
     pin: bool = True           # a shared-memory store of the row sums keeps the softmax before the PV wait
                                # (without it ptxas hoists that wait above the softmax: no overlap in a warpgroup)
+    persistent: bool = False   # True: one CTA per SM walks the work items (gluon_attention_prefill_persistent)
 
     @property
     def block_m(self) -> int:
@@ -82,11 +84,11 @@ class GluonPrefillConfig:
 DEFAULT = GluonPrefillConfig()
 NWG3 = GluonPrefillConfig(nwg=3, consumer_regs=160, producer_regs=24, maxnreg=128)
 CONFIGS = {"pp2": DEFAULT, "pp2_nopin": GluonPrefillConfig(pin=False), "pp2_free": GluonPrefillConfig(pingpong=False),
-           "pp2_s3": GluonPrefillConfig(stages=3),
+           "pp2_s3": GluonPrefillConfig(stages=3), "pp2_persist": GluonPrefillConfig(persistent=True),
            "pp3_n64": GluonPrefillConfig(nwg=3, block_n=64, consumer_regs=160, producer_regs=24, maxnreg=128),
            "pp3": NWG3}
 # what gluon_prefill_run.sh tests and times: the configurations whose sm_90 build does not spill
-RUN_CONFIGS = ("pp2", "pp2_nopin", "pp2_free", "pp3_n64")
+RUN_CONFIGS = ("pp2", "pp2_persist", "pp2_nopin", "pp2_free", "pp3_n64")
 
 
 @gluon.jit
@@ -207,14 +209,21 @@ def _consumer(p, WG: gl.constexpr, NWG: gl.constexpr, BN: gl.constexpr, STAGES: 
     o = warpgroup_mma(_to_a(p, o_l), v_smem.index(sl), o, is_async=True)
     o = warpgroup_mma_wait(0, deps=(o, ))
     mbarrier.arrive(v_empty.index(sl))
+    _epilogue(o, m_i, l_i, sink_ptr, h, o_ptr, q_start, q_len, m_start + WG * WM, stride_ot, stride_oh)
+
+
+@gluon.jit
+def _epilogue(o, m_i, l_i, sink_ptr, h, o_ptr, q_start, q_len, row0, stride_ot, stride_oh):
+    """The sink joins the softmax once; O / l [WM, HD] stored to rows [row0, row0 + WM) of the sequence
+    (rows past its end masked)."""
     sink = gl.load(sink_ptr + h).to(gl.float32) * 1.4426950408889634
     m_f = gl.maximum(m_i, sink)
     alpha = gl.exp2(m_i - m_f)
     l_i = l_i * alpha + gl.exp2(sink - m_f)
-    scale_r = gl.convert_layout(alpha / l_i, gl.SliceLayout(1, o_l))
+    scale_r = gl.convert_layout(alpha / l_i, gl.SliceLayout(1, o.type.layout))
     st: gl.constexpr = gl.BlockedLayout([1, 8], [4, 8], [4, 1], [1, 0])    # 16-byte stores, 8 threads a row
     out = gl.convert_layout((o * gl.expand_dims(scale_r, 1)).to(o_ptr.dtype.element_ty), st)
-    orow = m_start + WG * WM + gl.arange(0, WM, gl.SliceLayout(1, st))
+    orow = row0 + gl.arange(0, WM, gl.SliceLayout(1, st))
     ocol = gl.arange(0, HD, gl.SliceLayout(0, st))
     ptrs = (o_ptr + gl.expand_dims((q_start + orow).to(gl.int64) * stride_ot, 1) + h * stride_oh
             + gl.expand_dims(ocol, 0))
@@ -305,6 +314,8 @@ def prefill_attention(q, k, v, k_cache, v_cache, block_tables, cu_seqlens_q, cac
     ``check_prefix`` reads ``cached_lens`` on the host (one device sync) to refuse a cached prefix."""
     cfg = config or DEFAULT
     check_supported(q, k, v, out, window, cfg.block_n, cfg.nwg)
+    if cfg.persistent and cfg.nwg != 2:
+        raise ValueError(f"the persistent Gluon prefill kernel has 2 consumer warpgroups (config asks {cfg.nwg})")
     if check_prefix and bool((cached_lens != 0).any()):
         raise ValueError("the Gluon prefill kernel supports no cached prefix (cached_lens must be all zero)")
     T, Hq, D = q.shape
@@ -312,12 +323,18 @@ def prefill_attention(q, k, v, k_cache, v_cache, block_tables, cu_seqlens_q, cac
     if T == 0 or max_seqlen_q == 0:
         return out
     bn = cfg.block_n
-    grid = (triton.cdiv(max_seqlen_q, cfg.block_m), Hq, B)
-    prefill_pingpong_kernel[grid](
-        _desc(q, 64), _desc(k, bn), _desc(v, bn), cu_seqlens_q, sinks, out, out.stride(0), out.stride(1),
-        scale * LOG2E, GROUP=Hq // k.shape[1], NWG=cfg.nwg, BN=bn, STAGES=cfg.stages,
-        CONSUMER_REGS=cfg.consumer_regs, PRODUCER_REGS=cfg.producer_regs, num_warps=4, maxnreg=cfg.maxnreg,
-        PP=cfg.pingpong, PIN=cfg.pin)
+    n_mt = triton.cdiv(max_seqlen_q, cfg.block_m)
+    args = (_desc(q, 64), _desc(k, bn), _desc(v, bn), cu_seqlens_q, sinks, out, out.stride(0), out.stride(1),
+            scale * LOG2E)
+    consts = dict(GROUP=Hq // k.shape[1], NWG=cfg.nwg, BN=bn, STAGES=cfg.stages, CONSUMER_REGS=cfg.consumer_regs,
+                  PRODUCER_REGS=cfg.producer_regs, num_warps=4, maxnreg=cfg.maxnreg, PP=cfg.pingpong, PIN=cfg.pin)
+    if cfg.persistent:
+        from .gluon_attention_prefill_persistent import prefill_pingpong_persistent_kernel as kern
+        n_items = n_mt * Hq * B
+        sms = torch.cuda.get_device_properties(q.device).multi_processor_count
+        kern[(min(n_items, sms), )](*args, n_mt, n_items, Hq, B, **consts)
+    else:
+        prefill_pingpong_kernel[(n_mt, Hq, B)](*args, **consts)
     return out
 
 

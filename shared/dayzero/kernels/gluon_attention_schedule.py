@@ -149,72 +149,92 @@ class _Running(_Barrier):
 
 
 def simulate_protocol(n_tiles: int, nwg: int = 2, stages: int = 2, pingpong: bool = True, seed: int = 0,
-                      empty_parity_flip: int = 1) -> int:
+                      empty_parity_flip: int = 1, items: list[int] | None = None) -> int:
     """Run the kernel's producer and consumers (the same waits and arrives, in the same order, as
     ``gluon_attention_prefill``) for one CTA of ``n_tiles`` key tiles, interleaved at random (TMA copies
-    land at random later points). Raises ProtocolError on a deadlock or a stage hazard; returns the
-    number of steps. ``empty_parity_flip`` is the kernel's ``^ 1`` on the producer's first empty waits
+    land at random later points). ``items`` (key tiles per work item): the persistent kernel's walk
+    (``gluon_attention_prefill_persistent``: two Q buffers released by both consumers after each item,
+    ring and turns counted over the walk). Raises ProtocolError on a deadlock or a stage hazard; returns
+    the number of steps. ``empty_parity_flip`` is the kernel's ``^ 1`` on the producer's first empty waits
     (a test passes 0 to see the check fail)."""
     import random
     rnd = random.Random(seed)
-    q_bar = _Barrier(1)
+    persistent = items is not None
+    items = list(items) if persistent else [n_tiles]
+    q_ready, q_empty = [_Barrier(1) for _ in range(2)], [_Barrier(nwg) for _ in range(2)]
     k_ready, v_ready = [_Barrier(1) for _ in range(stages)], [_Barrier(1) for _ in range(stages)]
     k_empty, v_empty = [_Barrier(nwg) for _ in range(stages)], [_Barrier(nwg) for _ in range(stages)]
     turn = [_Barrier(1) for _ in range(nwg)]
     turn[0].arrive()                                          # warpgroup 0 has the first turn
-    content = {"K": [None] * stages, "V": [None] * stages}    # tile index in each stage
-    readers = {"K": [set() for _ in range(stages)], "V": [set() for _ in range(stages)]}
-    landing = []                                              # TMA copies in flight: (kind, stage, tile, barrier)
+    content = {"Q": [None] * 2, "K": [None] * stages, "V": [None] * stages}   # (item, tile) in each buffer
+    readers = {"Q": [set(), set()], "K": [set() for _ in range(stages)], "V": [set() for _ in range(stages)]}
+    landing = []                                              # TMA copies in flight: (kind, buffer, what, barrier)
     mma = _Running()
 
-    def read(kind, s, tile, who):
-        if content[kind][s] != tile:
-            raise ProtocolError(f"{who} reads {kind} stage {s} expecting tile {tile}, holds {content[kind][s]}")
+    def read(kind, s, what, who):
+        if content[kind][s] != what:
+            raise ProtocolError(f"{who} reads {kind} buffer {s} expecting {what}, holds {content[kind][s]}")
         readers[kind][s].add(who)
 
     def producer():
-        landing.append(("Q", 0, 0, q_bar))
-        for j in range(n_tiles):
-            s, ph = j % stages, ((j // stages) & 1) ^ empty_parity_flip
-            yield k_empty[s], ph
-            landing.append(("K", s, j, k_ready[s]))
-            yield v_empty[s], ph
-            landing.append(("V", s, j, v_ready[s]))
+        it = 0
+        for ic, nt in enumerate(items):
+            qb = ic % 2 if persistent else 0
+            if persistent:
+                yield q_empty[qb], ((ic // 2) & 1) ^ empty_parity_flip
+            landing.append(("Q", qb, (ic, 0), q_ready[qb]))
+            for j in range(nt):
+                s, ph = it % stages, ((it // stages) & 1) ^ empty_parity_flip
+                yield k_empty[s], ph
+                landing.append(("K", s, (ic, j), k_ready[s]))
+                yield v_empty[s], ph
+                landing.append(("V", s, (ic, j), v_ready[s]))
+                it += 1
 
     def consumer(g):
         who = f"wg{g}"
-        yield q_bar, 0
-        yield k_ready[0], 0
-        if pingpong:
-            yield turn[g], 0
-        read("K", 0, 0, who)
-        if pingpong:
-            turn[(g + 1) % nwg].arrive()
-        yield mma, 0
-        readers["K"][0].discard(who)
-        k_empty[0].arrive()
-        for j in range(1, n_tiles):
-            s, sp = j % stages, (j - 1) % stages
-            yield k_ready[s], (j // stages) & 1
-            yield v_ready[sp], ((j - 1) // stages) & 1
+        it = 0
+        for ic, nt in enumerate(items):
+            qb = ic % 2 if persistent else 0
+            yield q_ready[qb], (ic // 2) & 1
+            read("Q", qb, (ic, 0), who)
+            s0 = it % stages
+            yield k_ready[s0], (it // stages) & 1
             if pingpong:
-                yield turn[g], j & 1
-            read("K", s, j, who)
-            read("V", sp, j - 1, who)
+                yield turn[g], it & 1
+            read("K", s0, (ic, 0), who)
             if pingpong:
                 turn[(g + 1) % nwg].arrive()
-            yield mma, 0                                      # S = Q K^T and O += P V run
-            readers["K"][s].discard(who)
-            k_empty[s].arrive()
-            yield mma, 0                                      # the softmax; O += P V still runs
-            readers["V"][sp].discard(who)
-            v_empty[sp].arrive()
-        last = n_tiles - 1
-        yield v_ready[last % stages], (last // stages) & 1
-        read("V", last % stages, last, who)
-        yield mma, 0
-        readers["V"][last % stages].discard(who)
-        v_empty[last % stages].arrive()
+            yield mma, 0
+            readers["K"][s0].discard(who)
+            k_empty[s0].arrive()
+            it += 1
+            for j in range(1, nt):
+                s, sp = it % stages, (it - 1) % stages
+                yield k_ready[s], (it // stages) & 1
+                yield v_ready[sp], ((it - 1) // stages) & 1
+                if pingpong:
+                    yield turn[g], it & 1
+                read("K", s, (ic, j), who)
+                read("V", sp, (ic, j - 1), who)
+                if pingpong:
+                    turn[(g + 1) % nwg].arrive()
+                yield mma, 0                                  # S = Q K^T and O += P V run
+                readers["K"][s].discard(who)
+                k_empty[s].arrive()
+                yield mma, 0                                  # the softmax; O += P V still runs
+                readers["V"][sp].discard(who)
+                v_empty[sp].arrive()
+                it += 1
+            sl = (it - 1) % stages
+            yield v_ready[sl], ((it - 1) // stages) & 1
+            read("V", sl, (ic, nt - 1), who)
+            yield mma, 0
+            readers["V"][sl].discard(who)
+            v_empty[sl].arrive()
+            readers["Q"][qb].discard(who)
+            if persistent:
+                q_empty[qb].arrive()
 
     procs = [producer()] + [consumer(g) for g in range(nwg)]
     waiting = [next(p) for p in procs]                        # each process's current (barrier, parity)
@@ -222,13 +242,12 @@ def simulate_protocol(n_tiles: int, nwg: int = 2, stages: int = 2, pingpong: boo
     while any(w is not None for w in waiting) or landing:
         ready = [i for i, w in enumerate(waiting) if w is not None and w[0].passes(w[1])]
         if not ready and not landing:
-            raise ProtocolError(f"deadlock after {steps} steps ({n_tiles} tiles, {nwg} warpgroups, {stages} stages)")
+            raise ProtocolError(f"deadlock after {steps} steps ({items} tiles, {nwg} warpgroups, {stages} stages)")
         if landing and (not ready or rnd.random() < 0.3):     # a TMA copy lands
-            kind, s, tile, bar = landing.pop(rnd.randrange(len(landing)))
-            if kind != "Q":
-                if readers[kind][s]:
-                    raise ProtocolError(f"{kind} tile {tile} overwrites stage {s} while {readers[kind][s]} read it")
-                content[kind][s] = tile
+            kind, s, what, bar = landing.pop(rnd.randrange(len(landing)))
+            if readers[kind][s]:
+                raise ProtocolError(f"{kind} {what} overwrites buffer {s} while {readers[kind][s]} read it")
+            content[kind][s] = what
             bar.arrive()
         else:
             i = rnd.choice(ready)
