@@ -15,14 +15,13 @@ cfgs="${GLUON_CONFIGS:-$(python3 -c 'from dayzero.kernels.gluon_attention_prefil
 nvidia-smi --query-gpu=name,clocks.sm,clocks.max.sm,temperature.gpu,power.draw --format=csv | tee "$log"
 parts="$OUT/parts"
 mkdir -p "$parts"
-pt() {  # pytest on the test file, quiet, no cache, the repository's conftest not needed
-  python3 -m pytest -q -p no:cacheprovider --noconftest -o addopts="" tests/kernels/test_attention_gluon_gpu.py "$@"
-}
+# pytest on the test file, quiet, no cache, the repository's conftest not needed (an array: timeout runs it)
+pt=(python3 -m pytest -q -p no:cacheprovider --noconftest -o addopts="" tests/kernels/test_attention_gluon_gpu.py)
 echo "=== tests without a configuration" | tee -a "$log"
-DAYZERO_GLUON_CFGS=pp2 timeout 120 pt -k "schedule or tile_plan or protocol or unsupported or run_configs" 2>&1 | tee -a "$log"
+DAYZERO_GLUON_CFGS=pp2 timeout 120 "${pt[@]}" -k "schedule or tile_plan or protocol or unsupported or run_configs" 2>&1 | tee -a "$log"
 for c in ${cfgs//,/ }; do
   echo "=== $c: tests ($(date -u +%H:%M:%S))" | tee -a "$log"
-  DAYZERO_GLUON_CFGS=$c timeout "${GLUON_TEST_S:-150}" pt -k "ragged or long or emulation_bitwise" > "$parts/test-$c.log" 2>&1
+  DAYZERO_GLUON_CFGS=$c timeout "${GLUON_TEST_S:-150}" "${pt[@]}" -k "ragged or long or emulation_bitwise" > "$parts/test-$c.log" 2>&1
   trc=$?
   tail -n 15 "$parts/test-$c.log" | tee -a "$log"
   echo "=== $c: tests rc=$trc" | tee -a "$log"
