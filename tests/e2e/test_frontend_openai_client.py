@@ -112,19 +112,32 @@ def test_forced_tool_call(s, mode, choice):
 @pytest.mark.parametrize("mode", MODES, ids=MODE_IDS)
 def test_required_tool_call_among_several(s, mode):
     """tool_choice 'required' with several tools: the sampler may only start the answer with one of
-    their call headers (on the real stack the random model must pick one of the two names)."""
+    their call headers, and the arguments after it follow that tool's parameters schema, then <|call|>
+    (on the real stack the random model must pick one of the two names and write valid arguments)."""
     s.router.script(s.chunked(f"<|channel|>commentary to=functions.get_weather <|constrain|>json<|message|>"
                               f"{CALL}<|call|>"))
-    tools = [WEATHER, {"type": "function", "function": {"name": "get_time"}}]
+    # bounded arguments (a random model inside a free string may use up max_tokens)
+    weather = {"type": "function", "function": {"name": "get_weather", "parameters": {
+        "type": "object", "additionalProperties": False, "required": ["city"],
+        "properties": {"city": {"enum": ["Paris", "Rome"]}}}}}
+    tools = [weather, {"type": "function", "function": {"name": "get_time"}}]
     out = ask_chat(s.frontend.base_url, mode, model=fh.MODEL_NAME, messages=USER, tools=tools,
                    tool_choice="required", max_tokens=MAX_TOKENS, temperature=1.0, seed=5)
     (c,) = out.choices
     assert c.tool_calls and c.tool_calls[0][1] in ("get_weather", "get_time"), c
+    args = json.loads(c.tool_calls[0][2])
+    assert isinstance(args, dict) and c.finish_reason == "tool_calls", c
+    if c.tool_calls[0][1] == "get_weather":
+        assert args == {"city": "Paris"} or args == {"city": "Rome"}, args
     if s.router.scripted:
         (rec,) = s.router.requests()
         prefixes = [[int(t) for t in p["token_ids"]] for p in rec["sampling"]["allowed_prefixes"]]
         header = s.ids("<|start|>assistant to=functions.get_time<|channel|>commentary <|constrain|>json<|message|>")
         assert len(prefixes) == 2 and header[2:] in prefixes
+        schemas = [json.loads(t) for t in rec["sampling"]["prefix_json_schemas"]]
+        assert schemas[prefixes.index(header[2:])] == {"type": "object", "properties": {}}
+        assert weather["function"]["parameters"] in schemas
+        assert [int(t) for t in rec["sampling"]["json_end_ids"]] == s.ids("<|call|>")
 
 
 @pytest.mark.parametrize("mode", MODES, ids=MODE_IDS)

@@ -107,3 +107,50 @@ def test_json_end_ids_choose_what_follows_the_json(engine, enc):
     _check(enc, out[:-1] + [RETURN])
     with pytest.raises(ValueError, match="cannot end a JSON text"):
         engine.add_request("bad-end", [1, 2], SamplingParams(json_schema='{"type": "object"}', json_end_ids=(5,)))
+
+
+OTHER = {"type": "object", "additionalProperties": False, "required": ["city"],
+         "properties": {"city": {"enum": ["Paris", "Oslo"]}}}
+
+
+def test_prefix_json_schemas_hold_the_text_after_the_chosen_prefix(engine, enc):
+    """tool_choice 'required' among several tools: the output starts with one of the call headers and
+    the arguments after it follow that tool's schema, then <|call|>; the prefill/decode split keeps it."""
+    call = enc.encode("<|call|>", allowed_special="all")[0]
+    heads = [tuple(enc.encode(f" to=functions.{name}<|channel|>commentary json<|message|>", allowed_special="all"))
+             for name in ("get_a", "get_weather")]
+    params = [SamplingParams(max_tokens=96, temperature=t, seed=s, allowed_prefixes=tuple(heads),
+                             prefix_json_schemas=(json.dumps(SCHEMA), json.dumps(OTHER)), json_end_ids=(call,))
+              for t, s in ((0.0, None), (1.5, 1), (1.5, 2), (1.5, 3), (1.5, 4))]
+    outs = [engine.generate([[200006, 40 + i, 41 + i]], p)[0] for i, p in enumerate(params)]
+    first = engine.prefill_only("pp", [200006, 50, 51], params[1])
+    engine.free("pp")
+    engine.allocate("dd", 3)
+    assert engine.add_prefilled("dd", [200006, 50, 51], first.token_id, params[1]) is None
+    out = [first.token_id]
+    while engine.has_unfinished():
+        out += [o.token_id for o in engine.step() if o.request_id == "dd"]
+    picked = set()
+    for ids in outs + [out]:
+        (k,) = [k for k, h in enumerate(heads) if tuple(ids[:len(h)]) == h]
+        picked.add(k)
+        rest = ids[len(heads[k]):]
+        assert rest[-1] == call, enc.decode(ids)
+        if k == 0:
+            _check(enc, rest[:-1] + [RETURN])
+        else:
+            assert json.loads(enc.decode(rest[:-1]))["city"] in ("Paris", "Oslo")
+    assert not engine.has_unfinished() and engine.kv.full_alloc.num_used == 0
+
+
+def test_prefix_json_schemas_are_checked_when_the_request_is_added(engine):
+    heads = ((11, 12), (13,))
+    with pytest.raises(ValueError, match="one per allowed prefix"):
+        engine.add_request("pj1", [1, 2], SamplingParams(allowed_prefixes=heads, prefix_json_schemas=("{}",)))
+    with pytest.raises(ValueError, match="cannot be combined"):
+        engine.add_request("pj2", [1, 2], SamplingParams(allowed_prefixes=heads, prefix_json_schemas=("{}", ""),
+                                                         json_schema="{}"))
+    with pytest.raises(ValueError, match="could not be compiled"):
+        engine.add_request("pj3", [1, 2], SamplingParams(allowed_prefixes=heads,
+                                                         prefix_json_schemas=('{"type": "nonsense"}', "")))
+    assert not engine.has_unfinished()

@@ -48,9 +48,16 @@ async def chat_completions(state: FrontendState, request: Request, req: ChatComp
     if forced:  # the arguments of a forced call are JSON under its parameters schema, then <|call|>
         schema, end_ids = tool_args_schema(tools, forced), [state.chat.ids.call]
     prompt = prompt + prefix
-    # 'required' among several tools: the output must start with one of their call headers
-    choose = [state.chat.tool_call_header(t.name) for t in tools] if req.tool_choice == "required" and not forced \
-        else None
+    # 'required' among several tools: the output must start with one of their call headers, and the
+    # arguments after the header follow that tool's parameters schema, then <|call|>
+    choose = prefix_schemas = None
+    if req.tool_choice == "required" and not forced:
+        choose = [state.chat.tool_call_header(t.name) for t in tools]
+        prefix_schemas = [tool_args_schema(tools, t.name) or "" for t in tools]
+        if any(prefix_schemas):
+            end_ids = [state.chat.ids.call]
+        else:
+            prefix_schemas = None
     requested = req.max_completion_tokens if req.max_completion_tokens is not None else req.max_tokens
     param = "max_completion_tokens" if req.max_completion_tokens is not None else "max_tokens"
     max_tokens = max_new_tokens(requested, len(prompt), state.limits, param)
@@ -60,7 +67,7 @@ async def chat_completions(state: FrontendState, request: Request, req: ChatComp
     runs = []
     for i in range(req.n):
         sampling = sampling_params(req, max_tokens, state.chat.chat_stop_ids, i, want_logprobs, top_logprobs,
-                                   choose, schema, end_ids if schema else None)
+                                   choose, schema, end_ids if schema or prefix_schemas else None, prefix_schemas)
         stream = state.router.open(router_pb2.GenerateRequest(
             request_id=f"{request_id}-{i}", prompt_token_ids=prompt, sampling=sampling))
         runs.append(ChatChoiceRun(i, stream, state.chat.new_parser(names), StopMatcher(stops), prefix=prefix))

@@ -212,7 +212,8 @@ def max_new_tokens(requested: int | None, prompt_len: int, limits: Limits, param
 def sampling_params(req: SamplingFields, max_tokens: int, stop_ids: list[int], index: int,
                     logprobs: bool, top_logprobs: int,
                     allowed_prefixes: list[list[int]] | None = None,
-                    json_schema: str | None = None, json_end_ids: list[int] | None = None) -> common_pb2.SamplingParams:
+                    json_schema: str | None = None, json_end_ids: list[int] | None = None,
+                    prefix_json_schemas: list[str] | None = None) -> common_pb2.SamplingParams:
     """Downstream sampling parameters of choice ``index`` (seeds are offset per choice)."""
     params = common_pb2.SamplingParams(
         temperature=1.0 if req.temperature is None else req.temperature,
@@ -230,6 +231,7 @@ def sampling_params(req: SamplingFields, max_tokens: int, stop_ids: list[int], i
         allowed_prefixes=[common_pb2.TokenSequence(token_ids=seq) for seq in allowed_prefixes or []],
         json_schema=json_schema or "",
         json_end_ids=json_end_ids or [],
+        prefix_json_schemas=prefix_json_schemas or [],
     )
     if req.seed is not None:
         params.seed = (req.seed + index) & SEED_MASK

@@ -253,9 +253,11 @@ class Engine:
             raise ValueError(f"{request_id!r}: token id(s) {bad[:5]} outside the vocabulary [0, {self.cfg.vocab_size})")
         self._check_len(request_id, len(prompt))
         seed = params.seed if params.seed is not None else self._rng.getrandbits(63)
-        matcher = (self.grammars.matcher(params.json_schema, params.json_end_ids or tuple(self.eos_ids))
-                   if params.json_schema else None)                                            # GrammarError
-        return Request(request_id, prompt, params, seed, matcher=matcher)
+        ends = params.json_end_ids or tuple(self.eos_ids)
+        matcher = self.grammars.matcher(params.json_schema, ends) if params.json_schema else None  # GrammarError
+        # compiled up front: a schema that cannot be used is refused now, not in the middle of a step
+        prefix_matchers = tuple(self.grammars.matcher(s, ends) if s else None for s in params.prefix_json_schemas)
+        return Request(request_id, prompt, params, seed, matcher=matcher, prefix_matchers=prefix_matchers)
 
     def _sample_request(self, req: Request) -> SampleRequest:
         allowed = req.matcher.allowed(self.model.device) if req.matcher is not None else None
@@ -263,6 +265,15 @@ class Engine:
 
     def _append(self, req: Request, token: int) -> None:
         req.output_ids.append(token)
+        if req.prefix_matchers:   # the JSON of prefix i starts right after prefix i is out
+            out = tuple(req.output_ids)
+            for seq, m in zip(req.params.allowed_prefixes, req.prefix_matchers):
+                if out == seq:
+                    req.matcher, req.prefix_matchers = m, ()
+                    return
+            if len(out) >= max(len(seq) for seq in req.params.allowed_prefixes):
+                req.prefix_matchers = ()
+            return
         if req.matcher is not None and not req.matcher.advance(token):
             # only a token outside the grammar's mask gets here (e.g. a first token sampled elsewhere)
             raise ValueError(f"{req.request_id!r}: token {token} does not continue the requested JSON "

@@ -55,6 +55,9 @@ class SamplingParams:
     allowed_prefixes: tuple[tuple[int, ...], ...] = ()  # the output must start with one of these
     json_schema: str = ""               # non-empty: the output is JSON valid under this schema (text)
     json_end_ids: tuple[int, ...] = ()  # with json_schema: what may follow the JSON (empty: the model's eos)
+    # one per allowed prefix ("" = free): once the output is exactly that prefix, the rest is JSON valid
+    # under this schema, then one of json_end_ids
+    prefix_json_schemas: tuple[str, ...] = ()
 
     def validate(self) -> None:
         def bad(msg: str) -> ValueError:
@@ -90,6 +93,14 @@ class SamplingParams:
             raise bad(f"json_schema must be a JSON Schema text of at most {MAX_SCHEMA_CHARS} characters")
         if len(self.json_end_ids) > 16 or any(not isinstance(t, int) or t < 0 for t in self.json_end_ids):
             raise bad(f"json_end_ids: at most 16 token ids >= 0, got {self.json_end_ids!r}")
+        if self.prefix_json_schemas:
+            if len(self.prefix_json_schemas) != len(self.allowed_prefixes):
+                raise bad(f"prefix_json_schemas: one per allowed prefix ({len(self.allowed_prefixes)}), "
+                          f"got {len(self.prefix_json_schemas)}")
+            if self.json_schema:
+                raise bad("json_schema and prefix_json_schemas cannot be combined")
+            if any(not isinstance(s, str) or len(s) > MAX_SCHEMA_CHARS for s in self.prefix_json_schemas):
+                raise bad(f"prefix_json_schemas: JSON Schema texts of at most {MAX_SCHEMA_CHARS} characters")
 
     def check_vocab(self, vocab_size: int) -> None:
         """ValueError if a token id the request names is outside the model's vocabulary."""

@@ -35,6 +35,7 @@ class Request:
     num_computed: int = 0
     finish_reason: str | None = None
     matcher: Any = None                 # structured output: a dayzero.runtime.grammar.Matcher
+    prefix_matchers: tuple = ()         # per allowed prefix: the Matcher that starts once it is out (or None)
 
     @property
     def num_tokens(self) -> int:

@@ -23,7 +23,8 @@ def sampling_from_proto(p: common_pb2.SamplingParams) -> SamplingParams:
         presence_penalty=float(p.presence_penalty), frequency_penalty=float(p.frequency_penalty),
         logit_bias=tuple(sorted((int(t), float(b)) for t, b in p.logit_bias.items())),
         allowed_prefixes=tuple(tuple(int(t) for t in seq.token_ids) for seq in p.allowed_prefixes),
-        json_schema=str(p.json_schema), json_end_ids=tuple(int(t) for t in p.json_end_ids))
+        json_schema=str(p.json_schema), json_end_ids=tuple(int(t) for t in p.json_end_ids),
+        prefix_json_schemas=tuple(str(s) for s in p.prefix_json_schemas))
     if p.top_p < 0 or p.top_p > 1:
         raise ValueError(f"invalid sampling parameters: top_p must be in [0, 1], got {p.top_p}")
     params.validate()

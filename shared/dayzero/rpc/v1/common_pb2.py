@@ -24,7 +24,7 @@ _sym_db = _symbol_database.Default()
 
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x1b\x64\x61yzero/rpc/v1/common.proto\x12\x0e\x64\x61yzero.rpc.v1\"\xe4\x03\n\x0eSamplingParams\x12\x13\n\x0btemperature\x18\x01 \x01(\x02\x12\r\n\x05top_p\x18\x02 \x01(\x02\x12\r\n\x05top_k\x18\x03 \x01(\x05\x12\r\n\x05min_p\x18\x04 \x01(\x02\x12\x11\n\x04seed\x18\x05 \x01(\x04H\x00\x88\x01\x01\x12\x12\n\nmax_tokens\x18\x06 \x01(\x05\x12\x16\n\x0estop_token_ids\x18\x07 \x03(\x05\x12\x10\n\x08logprobs\x18\x08 \x01(\x08\x12\x14\n\x0ctop_logprobs\x18\t \x01(\x05\x12\x12\n\nignore_eos\x18\n \x01(\x08\x12\x18\n\x10presence_penalty\x18\x0b \x01(\x02\x12\x19\n\x11\x66requency_penalty\x18\x0c \x01(\x02\x12\x41\n\nlogit_bias\x18\r \x03(\x0b\x32-.dayzero.rpc.v1.SamplingParams.LogitBiasEntry\x12\x37\n\x10\x61llowed_prefixes\x18\x0e \x03(\x0b\x32\x1d.dayzero.rpc.v1.TokenSequence\x12\x13\n\x0bjson_schema\x18\x0f \x01(\t\x12\x14\n\x0cjson_end_ids\x18\x10 \x03(\x05\x1a\x30\n\x0eLogitBiasEntry\x12\x0b\n\x03key\x18\x01 \x01(\x05\x12\r\n\x05value\x18\x02 \x01(\x02:\x02\x38\x01\x42\x07\n\x05_seed\"\"\n\rTokenSequence\x12\x11\n\ttoken_ids\x18\x01 \x03(\x05\"/\n\nTopLogprob\x12\x10\n\x08token_id\x18\x01 \x01(\x05\x12\x0f\n\x07logprob\x18\x02 \x01(\x02\"Z\n\x0cTokenLogprob\x12\x10\n\x08token_id\x18\x01 \x01(\x05\x12\x0f\n\x07logprob\x18\x02 \x01(\x02\x12\'\n\x03top\x18\x03 \x03(\x0b\x32\x1a.dayzero.rpc.v1.TopLogprob*x\n\x0c\x46inishReason\x12\x1d\n\x19\x46INISH_REASON_UNSPECIFIED\x10\x00\x12\x16\n\x12\x46INISH_REASON_STOP\x10\x01\x12\x18\n\x14\x46INISH_REASON_LENGTH\x10\x02\x12\x17\n\x13\x46INISH_REASON_ABORT\x10\x03\x62\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x1b\x64\x61yzero/rpc/v1/common.proto\x12\x0e\x64\x61yzero.rpc.v1\"\x81\x04\n\x0eSamplingParams\x12\x13\n\x0btemperature\x18\x01 \x01(\x02\x12\r\n\x05top_p\x18\x02 \x01(\x02\x12\r\n\x05top_k\x18\x03 \x01(\x05\x12\r\n\x05min_p\x18\x04 \x01(\x02\x12\x11\n\x04seed\x18\x05 \x01(\x04H\x00\x88\x01\x01\x12\x12\n\nmax_tokens\x18\x06 \x01(\x05\x12\x16\n\x0estop_token_ids\x18\x07 \x03(\x05\x12\x10\n\x08logprobs\x18\x08 \x01(\x08\x12\x14\n\x0ctop_logprobs\x18\t \x01(\x05\x12\x12\n\nignore_eos\x18\n \x01(\x08\x12\x18\n\x10presence_penalty\x18\x0b \x01(\x02\x12\x19\n\x11\x66requency_penalty\x18\x0c \x01(\x02\x12\x41\n\nlogit_bias\x18\r \x03(\x0b\x32-.dayzero.rpc.v1.SamplingParams.LogitBiasEntry\x12\x37\n\x10\x61llowed_prefixes\x18\x0e \x03(\x0b\x32\x1d.dayzero.rpc.v1.TokenSequence\x12\x13\n\x0bjson_schema\x18\x0f \x01(\t\x12\x14\n\x0cjson_end_ids\x18\x10 \x03(\x05\x12\x1b\n\x13prefix_json_schemas\x18\x11 \x03(\t\x1a\x30\n\x0eLogitBiasEntry\x12\x0b\n\x03key\x18\x01 \x01(\x05\x12\r\n\x05value\x18\x02 \x01(\x02:\x02\x38\x01\x42\x07\n\x05_seed\"\"\n\rTokenSequence\x12\x11\n\ttoken_ids\x18\x01 \x03(\x05\"/\n\nTopLogprob\x12\x10\n\x08token_id\x18\x01 \x01(\x05\x12\x0f\n\x07logprob\x18\x02 \x01(\x02\"Z\n\x0cTokenLogprob\x12\x10\n\x08token_id\x18\x01 \x01(\x05\x12\x0f\n\x07logprob\x18\x02 \x01(\x02\x12\'\n\x03top\x18\x03 \x03(\x0b\x32\x1a.dayzero.rpc.v1.TopLogprob*x\n\x0c\x46inishReason\x12\x1d\n\x19\x46INISH_REASON_UNSPECIFIED\x10\x00\x12\x16\n\x12\x46INISH_REASON_STOP\x10\x01\x12\x18\n\x14\x46INISH_REASON_LENGTH\x10\x02\x12\x17\n\x13\x46INISH_REASON_ABORT\x10\x03\x62\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
@@ -33,16 +33,16 @@ if not _descriptor._USE_C_DESCRIPTORS:
   DESCRIPTOR._loaded_options = None
   _globals['_SAMPLINGPARAMS_LOGITBIASENTRY']._loaded_options = None
   _globals['_SAMPLINGPARAMS_LOGITBIASENTRY']._serialized_options = b'8\001'
-  _globals['_FINISHREASON']._serialized_start=711
-  _globals['_FINISHREASON']._serialized_end=831
+  _globals['_FINISHREASON']._serialized_start=740
+  _globals['_FINISHREASON']._serialized_end=860
   _globals['_SAMPLINGPARAMS']._serialized_start=48
-  _globals['_SAMPLINGPARAMS']._serialized_end=532
-  _globals['_SAMPLINGPARAMS_LOGITBIASENTRY']._serialized_start=475
-  _globals['_SAMPLINGPARAMS_LOGITBIASENTRY']._serialized_end=523
-  _globals['_TOKENSEQUENCE']._serialized_start=534
-  _globals['_TOKENSEQUENCE']._serialized_end=568
-  _globals['_TOPLOGPROB']._serialized_start=570
-  _globals['_TOPLOGPROB']._serialized_end=617
-  _globals['_TOKENLOGPROB']._serialized_start=619
-  _globals['_TOKENLOGPROB']._serialized_end=709
+  _globals['_SAMPLINGPARAMS']._serialized_end=561
+  _globals['_SAMPLINGPARAMS_LOGITBIASENTRY']._serialized_start=504
+  _globals['_SAMPLINGPARAMS_LOGITBIASENTRY']._serialized_end=552
+  _globals['_TOKENSEQUENCE']._serialized_start=563
+  _globals['_TOKENSEQUENCE']._serialized_end=597
+  _globals['_TOPLOGPROB']._serialized_start=599
+  _globals['_TOPLOGPROB']._serialized_end=646
+  _globals['_TOKENLOGPROB']._serialized_start=648
+  _globals['_TOKENLOGPROB']._serialized_end=738
 # @@protoc_insertion_point(module_scope)

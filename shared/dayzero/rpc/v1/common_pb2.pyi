@@ -19,7 +19,7 @@ FINISH_REASON_LENGTH: FinishReason
 FINISH_REASON_ABORT: FinishReason
 
 class SamplingParams(_message.Message):
-    __slots__ = ("temperature", "top_p", "top_k", "min_p", "seed", "max_tokens", "stop_token_ids", "logprobs", "top_logprobs", "ignore_eos", "presence_penalty", "frequency_penalty", "logit_bias", "allowed_prefixes", "json_schema", "json_end_ids")
+    __slots__ = ("temperature", "top_p", "top_k", "min_p", "seed", "max_tokens", "stop_token_ids", "logprobs", "top_logprobs", "ignore_eos", "presence_penalty", "frequency_penalty", "logit_bias", "allowed_prefixes", "json_schema", "json_end_ids", "prefix_json_schemas")
     class LogitBiasEntry(_message.Message):
         __slots__ = ("key", "value")
         KEY_FIELD_NUMBER: _ClassVar[int]
@@ -43,6 +43,7 @@ class SamplingParams(_message.Message):
     ALLOWED_PREFIXES_FIELD_NUMBER: _ClassVar[int]
     JSON_SCHEMA_FIELD_NUMBER: _ClassVar[int]
     JSON_END_IDS_FIELD_NUMBER: _ClassVar[int]
+    PREFIX_JSON_SCHEMAS_FIELD_NUMBER: _ClassVar[int]
     temperature: float
     top_p: float
     top_k: int
@@ -59,7 +60,8 @@ class SamplingParams(_message.Message):
     allowed_prefixes: _containers.RepeatedCompositeFieldContainer[TokenSequence]
     json_schema: str
     json_end_ids: _containers.RepeatedScalarFieldContainer[int]
-    def __init__(self, temperature: _Optional[float] = ..., top_p: _Optional[float] = ..., top_k: _Optional[int] = ..., min_p: _Optional[float] = ..., seed: _Optional[int] = ..., max_tokens: _Optional[int] = ..., stop_token_ids: _Optional[_Iterable[int]] = ..., logprobs: _Optional[bool] = ..., top_logprobs: _Optional[int] = ..., ignore_eos: _Optional[bool] = ..., presence_penalty: _Optional[float] = ..., frequency_penalty: _Optional[float] = ..., logit_bias: _Optional[_Mapping[int, float]] = ..., allowed_prefixes: _Optional[_Iterable[_Union[TokenSequence, _Mapping]]] = ..., json_schema: _Optional[str] = ..., json_end_ids: _Optional[_Iterable[int]] = ...) -> None: ...
+    prefix_json_schemas: _containers.RepeatedScalarFieldContainer[str]
+    def __init__(self, temperature: _Optional[float] = ..., top_p: _Optional[float] = ..., top_k: _Optional[int] = ..., min_p: _Optional[float] = ..., seed: _Optional[int] = ..., max_tokens: _Optional[int] = ..., stop_token_ids: _Optional[_Iterable[int]] = ..., logprobs: _Optional[bool] = ..., top_logprobs: _Optional[int] = ..., ignore_eos: _Optional[bool] = ..., presence_penalty: _Optional[float] = ..., frequency_penalty: _Optional[float] = ..., logit_bias: _Optional[_Mapping[int, float]] = ..., allowed_prefixes: _Optional[_Iterable[_Union[TokenSequence, _Mapping]]] = ..., json_schema: _Optional[str] = ..., json_end_ids: _Optional[_Iterable[int]] = ..., prefix_json_schemas: _Optional[_Iterable[str]] = ...) -> None: ...
 
 class TokenSequence(_message.Message):
     __slots__ = ("token_ids",)
