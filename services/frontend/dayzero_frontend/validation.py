@@ -139,7 +139,8 @@ def check_tool_choice(req: ChatCompletionRequest, names: set[str]) -> None:
 def forced_tool(req: ChatCompletionRequest, tools: list[FunctionDef]) -> str | None:
     """The function the answer must call: a named tool_choice, or 'required' with a single tool.
     The frontend then writes that call's Harmony header itself and the model writes the arguments.
-    ('required' with several tools constrains the output to start with one of their call headers.)"""
+    ('required' with several tools constrains the output to start with one of their call headers,
+    and the arguments after it to that tool's parameters schema.)"""
     choice = req.tool_choice
     if isinstance(choice, NamedToolChoice):
         return choice.function.name
