@@ -132,18 +132,19 @@ def _softmax(sacc, m_i, l_i, qk_scale, j, rows, MASK: gl.constexpr, BN: gl.const
 
 
 @gluon.jit
-def _step(j, o, p_prev, m_i, l_i, q_s, k_smem, v_smem, k_ready, k_empty, v_ready, v_empty, turn, rows, qk_scale,
+def _step(j, it, o, p_prev, m_i, l_i, q_s, k_smem, v_smem, k_ready, k_empty, v_ready, v_empty, turn, rows, qk_scale,
           pin_buf, WG: gl.constexpr, NWG: gl.constexpr, BN: gl.constexpr, STAGES: gl.constexpr, MASK: gl.constexpr,
           PP: gl.constexpr, PIN: gl.constexpr):
     """Key tile j >= 1: S_j = Q K_j^T and O += P_{j-1} V_{j-1} issued in this warpgroup's turn; softmax of
-    S_j overlaps the PV product (and the other warpgroups' wgmmas)."""
+    S_j overlaps the PV product (and the other warpgroups' wgmmas). ``it``: the tile's count over the
+    CTA's life, which sets the ring stage and the phases (= j here; the persistent kernel's walk)."""
     s_l: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1], instr_shape=[16, BN, 16])
-    s = j % STAGES
-    sp = (j - 1) % STAGES
-    mbarrier.wait(k_ready.index(s), (j // STAGES) & 1)
-    mbarrier.wait(v_ready.index(sp), ((j - 1) // STAGES) & 1)
+    s = it % STAGES
+    sp = (it - 1) % STAGES
+    mbarrier.wait(k_ready.index(s), (it // STAGES) & 1)
+    mbarrier.wait(v_ready.index(sp), ((it - 1) // STAGES) & 1)
     if PP:
-        mbarrier.wait(turn.index(WG), j & 1)
+        mbarrier.wait(turn.index(WG), it & 1)
     sacc = warpgroup_mma(q_s, k_smem.index(s).permute((1, 0)), gl.zeros([WM, BN], gl.float32, s_l),
                          use_acc=False, is_async=True)
     o = warpgroup_mma(p_prev, v_smem.index(sp), o, is_async=True)
@@ -197,10 +198,10 @@ def _consumer(p, WG: gl.constexpr, NWG: gl.constexpr, BN: gl.constexpr, STAGES: 
     o = gl.zeros([WM, HD], gl.float32, o_l)
     # ---- tiles every row of the CTA sees whole, then the diagonal tiles ----
     for j in range(1, n_full):
-        o, p, m_i, l_i = _step(j, o, _to_a(p, o_l), m_i, l_i, q_s, k_smem, v_smem, k_ready, k_empty, v_ready,
+        o, p, m_i, l_i = _step(j, j, o, _to_a(p, o_l), m_i, l_i, q_s, k_smem, v_smem, k_ready, k_empty, v_ready,
                                v_empty, turn, rows, qk_scale, pin_buf, WG, NWG, BN, STAGES, False, PP, PIN)
     for j in range(gl.maximum(n_full, 1), n_tiles):
-        o, p, m_i, l_i = _step(j, o, _to_a(p, o_l), m_i, l_i, q_s, k_smem, v_smem, k_ready, k_empty, v_ready,
+        o, p, m_i, l_i = _step(j, j, o, _to_a(p, o_l), m_i, l_i, q_s, k_smem, v_smem, k_ready, k_empty, v_ready,
                                v_empty, turn, rows, qk_scale, pin_buf, WG, NWG, BN, STAGES, True, PP, PIN)
     # ---- last PV, then the sink joins the softmax once ----
     last = n_tiles - 1

@@ -21,7 +21,7 @@ from triton.experimental.gluon import language as gl
 from triton.experimental.gluon.language.nvidia.hopper import (fence_async_shared, mbarrier, tma, warpgroup_mma,
                                                               warpgroup_mma_wait)
 
-from .gluon_attention_prefill import HD, WM, _epilogue, _softmax, _to_a
+from .gluon_attention_prefill import HD, WM, _epilogue, _softmax, _step, _to_a
 
 
 @gluon.jit
@@ -67,37 +67,6 @@ def _producer(p, NWG: gl.constexpr, BN: gl.constexpr, STAGES: gl.constexpr, PP: 
                 tma.async_copy_global_to_shared(v_desc, [row, hkv * HD], v_ready.index(s), v_smem.index(s))
                 it += 1
             ic += 1
-
-
-@gluon.jit
-def _step(j, it, o, p_prev, m_i, l_i, q_s, k_smem, v_smem, k_ready, k_empty, v_ready, v_empty, turn, rows, qk_scale,
-          pin_buf, WG: gl.constexpr, NWG: gl.constexpr, BN: gl.constexpr, STAGES: gl.constexpr, MASK: gl.constexpr,
-          PP: gl.constexpr, PIN: gl.constexpr):
-    """``gluon_attention_prefill._step`` with the ring position and turn phase from the walk's tile count
-    ``it`` (this item's tile j sets the mask)."""
-    s_l: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1], instr_shape=[16, BN, 16])
-    s = it % STAGES
-    sp = (it - 1) % STAGES
-    mbarrier.wait(k_ready.index(s), (it // STAGES) & 1)
-    mbarrier.wait(v_ready.index(sp), ((it - 1) // STAGES) & 1)
-    if PP:
-        mbarrier.wait(turn.index(WG), it & 1)
-    sacc = warpgroup_mma(q_s, k_smem.index(s).permute((1, 0)), gl.zeros([WM, BN], gl.float32, s_l),
-                         use_acc=False, is_async=True)
-    o = warpgroup_mma(p_prev, v_smem.index(sp), o, is_async=True)
-    if PP:
-        mbarrier.arrive(turn.index((WG + 1) % NWG))
-    sacc = warpgroup_mma_wait(1, deps=(sacc, ))
-    fence_async_shared()
-    mbarrier.arrive(k_empty.index(s))
-    p, alpha, m_i, l_i = _softmax(sacc, m_i, l_i, qk_scale, j, rows, MASK, BN)
-    if PIN:
-        pin_buf.store(l_i)
-    o = warpgroup_mma_wait(0, deps=(o, ))
-    fence_async_shared()
-    mbarrier.arrive(v_empty.index(sp))
-    o = o * gl.expand_dims(gl.convert_layout(alpha, gl.SliceLayout(1, o.type.layout)), 1)
-    return o, p, m_i, l_i
 
 
 @gluon.jit
