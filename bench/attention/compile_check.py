@@ -10,7 +10,9 @@ divisibility hint here, so loads vectorise and pipeline as on the device.
 
 from __future__ import annotations
 
+import hashlib
 import pathlib
+import re
 import sys
 
 from triton.compiler.compiler import ASTSource
@@ -49,7 +51,10 @@ def check(kernel, consts: dict, num_warps: int, num_stages: int, maxnreg: int = 
                 warps=num_warps, stages=num_stages, maxnreg=maxnreg, regs=b.regs,
                 local_ld_st=b.spills, smem=b.smem, programs_per_sm=b.programs_per_sm,
                 ldgsts="LDGSTS" in sass, tma="UTMALDG" in sass, ldg128=sass.count("LDG.E.128"),
-                mma=sass.count("HMMA"), gmma=sass.count("HGMMA"))
+                mma=sass.count("HMMA"), gmma=sass.count("HGMMA"),
+                instr=len(re.findall(r"/\*[0-9a-f]{4}\*/", sass)),
+                # the instructions alone (no addresses or encodings): equal digests = the same code
+                digest=hashlib.sha1("\n".join(re.findall(r"/\*[0-9a-f]{4}\*/\s*([^;]*;)", sass)).encode()).hexdigest()[:12])
 
 
 def decode_rows():

@@ -33,7 +33,7 @@ import triton
 import triton.language as tl
 from triton.language.extra.cuda import gdc_launch_dependents, gdc_wait
 
-from .triton_attention_splitkv import splitkv_decode
+from .triton_attention_splitkv import group_query, split_bounds, splitkv_decode
 from .triton_attention_prefill import LOG2E
 from .triton_moe_gemm import interpreting
 
@@ -59,24 +59,10 @@ def _decode_split_kernel(q_ptr, k_ptr, v_ptr, kc_ptr, vc_ptr, bt_ptr, cu_ptr, cl
     if q_len == 0:
         return
     ctx = tl.load(cl_ptr + b)
-    if HAS_WINDOW:
-        lo = tl.maximum(ctx + 1 - window, 0)
-    else:
-        lo = 0
-    lo_al = lo // BLOCK_N * BLOCK_N
-    tiles = tl.cdiv(ctx - lo_al, BLOCK_N)
-    per = tl.cdiv(tiles, num_splits) * BLOCK_N
-    start = lo_al + s * per
-    stop = tl.minimum(start + per, ctx)
-
-    offs_g = tl.arange(0, G_P2)
-    offs_d = tl.arange(0, HEAD_D)
+    lo, start, stop = split_bounds(ctx, window, s, num_splits, HAS_WINDOW, BLOCK_N)
     offs_n = tl.arange(0, BLOCK_N)
-    g_ok = offs_g < GROUP
-    heads = hkv * GROUP + offs_g                                 # [G] query heads of this KV head
-    q_row64 = q_row.to(tl.int64)
-    q = tl.load(q_ptr + q_row64 * stride_qt + heads[:, None] * stride_qh + offs_d[None, :],
-                mask=g_ok[:, None], other=0.0)                  # [G, D]
+    q, heads, g_ok, offs_g, offs_d, q_row64 = group_query(q_ptr, q_row, hkv, stride_qt, stride_qh,
+                                                          GROUP, G_P2, HEAD_D)
     m_i = tl.zeros([G_P2], dtype=tl.float32) - 1.0e30
     l_i = tl.zeros([G_P2], dtype=tl.float32)
     acc = tl.zeros([G_P2, HEAD_D], dtype=tl.float32)

@@ -30,6 +30,37 @@ import triton.language as tl
 
 
 @triton.jit
+def split_bounds(ctx, window, s, num_splits, HAS_WINDOW: tl.constexpr, BLOCK_N: tl.constexpr):
+    """(lo, start, stop): the first key a new token at position ``ctx`` sees (window) and the keys
+    [start, stop) of split ``s``: the tiles from ``lo`` rounded down, cut into ``num_splits`` equal runs."""
+    if HAS_WINDOW:
+        lo = tl.maximum(ctx + 1 - window, 0)
+    else:
+        lo = 0
+    lo_al = lo // BLOCK_N * BLOCK_N
+    tiles = tl.cdiv(ctx - lo_al, BLOCK_N)
+    per = tl.cdiv(tiles, num_splits) * BLOCK_N
+    start = lo_al + s * per
+    stop = tl.minimum(start + per, ctx)
+    return lo, start, stop
+
+
+@triton.jit
+def group_query(q_ptr, q_row, hkv, stride_qt, stride_qh, GROUP: tl.constexpr, G_P2: tl.constexpr,
+                HEAD_D: tl.constexpr):
+    """The GROUP query heads of KV head ``hkv`` at token row ``q_row``: (q [G, D], heads [G], g_ok [G],
+    offs_g, offs_d, q_row as int64)."""
+    offs_g = tl.arange(0, G_P2)
+    offs_d = tl.arange(0, HEAD_D)
+    g_ok = offs_g < GROUP
+    heads = hkv * GROUP + offs_g                                 # [G] query heads of this KV head
+    q_row64 = q_row.to(tl.int64)
+    q = tl.load(q_ptr + q_row64 * stride_qt + heads[:, None] * stride_qh + offs_d[None, :],
+                mask=g_ok[:, None], other=0.0)                  # [G, D]
+    return q, heads, g_ok, offs_g, offs_d, q_row64
+
+
+@triton.jit
 def _decode_split2_kernel(q_ptr, k_ptr, v_ptr, kc_ptr, vc_ptr, bt_ptr, cu_ptr, cl_ptr, sink_ptr,
                           mp_ptr, lp_ptr, op_ptr,
                           stride_qt, stride_qh, stride_kt, stride_kh, stride_vt, stride_vh,
@@ -52,23 +83,9 @@ def _decode_split2_kernel(q_ptr, k_ptr, v_ptr, kc_ptr, vc_ptr, bt_ptr, cu_ptr, c
         blk_nx = tl.load(bt_row + col0, mask=col0 < bt_cols, other=0)
     if q_len == 0:  # no new token: no partials (the merge skips this sequence too)
         return
-    if HAS_WINDOW:
-        lo = tl.maximum(ctx + 1 - window, 0)
-    else:
-        lo = 0
-    lo_al = lo // BLOCK_N * BLOCK_N
-    tiles = tl.cdiv(ctx - lo_al, BLOCK_N)
-    per = tl.cdiv(tiles, num_splits) * BLOCK_N
-    start = lo_al + s * per
-    stop = tl.minimum(start + per, ctx)
-
-    offs_g = tl.arange(0, G_P2)
-    offs_d = tl.arange(0, HEAD_D)
-    g_ok = offs_g < GROUP
-    heads = hkv * GROUP + offs_g                                 # [G] query heads of this KV head
-    q_row64 = q_row.to(tl.int64)
-    q = tl.load(q_ptr + q_row64 * stride_qt + heads[:, None] * stride_qh + offs_d[None, :],
-                mask=g_ok[:, None], other=0.0)                  # [G, D]
+    lo, start, stop = split_bounds(ctx, window, s, num_splits, HAS_WINDOW, BLOCK_N)
+    q, heads, g_ok, offs_g, offs_d, q_row64 = group_query(q_ptr, q_row, hkv, stride_qt, stride_qh,
+                                                          GROUP, G_P2, HEAD_D)
     m_i = tl.zeros([G_P2], dtype=tl.float32) - 1.0e30
     l_i = tl.zeros([G_P2], dtype=tl.float32)
     acc = tl.zeros([G_P2, HEAD_D], dtype=tl.float32)
