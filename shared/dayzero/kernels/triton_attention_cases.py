@@ -96,3 +96,13 @@ def seq_errors(out: torch.Tensor, ref: torch.Tensor, cu: torch.Tensor) -> list[f
     """Relative error per sequence (so a short sequence cannot hide behind a long one)."""
     c = cu.tolist()
     return [rel_err(out[c[i]:c[i + 1]], ref[c[i]:c[i + 1]]) for i in range(len(c) - 1) if c[i + 1] > c[i]]
+
+
+def check_output(res: torch.Tensor, out: torch.Tensor, ref: torch.Tensor, cu: torch.Tensor, tol: float) -> list[float]:
+    """What every attention kernel test asserts of a call into a NaN-poisoned ``out``: it returned ``out``,
+    wrote every element, and each sequence is within ``tol`` of ``ref``. Returns the per-sequence errors."""
+    assert res is out
+    assert not out.isnan().any(), "some output elements were never written (or NaN leaked in)"
+    errs = seq_errors(out, ref, cu)
+    assert max(errs) < tol, errs
+    return errs
