@@ -45,6 +45,24 @@ def time_ms(fn, rep: int = 100) -> float:
     return float(do_bench(fn, warmup=25, rep=rep, return_mode="median"))
 
 
+def prefill_time_ms(fn, n: int) -> float:
+    """Median ms per prefill call of ``n`` tokens: ``time_ms`` up to 64k tokens; above (a 128k call takes
+    ~0.3 s, too long for do_bench's hundreds of calls in one device call) the median of 3 event-timed
+    calls after one warm-up."""
+    if n <= 65536:
+        return time_ms(fn, rep=200 if n <= 8192 else 300)
+    fn()
+    times = []
+    for _ in range(3):
+        a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        a.record()
+        fn()
+        b.record()
+        torch.cuda.synchronize()
+        times.append(a.elapsed_time(b))
+    return sorted(times)[1]
+
+
 def graph_time_ms(fns: list, target_ms: float = 20.0, samples: int = 5) -> float:
     """Median ms per call of ``fns`` (rotating over distinct buffers) replayed from one CUDA graph."""
     for f in fns:

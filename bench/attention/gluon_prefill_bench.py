@@ -24,22 +24,9 @@ import torch
 
 HERE = pathlib.Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
-from attn_common import D, HKV, HQ, run_meta, single_sequence, sink_reference_rows, time_ms  # noqa: E402
+from attn_common import D, HKV, HQ, run_meta, single_sequence, sink_reference_rows, prefill_time_ms  # noqa: E402
 
 SCALE = D ** -0.5
-
-
-def _event_ms(fn, reps: int = 3) -> float:
-    fn()
-    times = []
-    for _ in range(reps):
-        a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        a.record()
-        fn()
-        b.record()
-        torch.cuda.synchronize()
-        times.append(a.elapsed_time(b))
-    return sorted(times)[len(times) // 2]
 
 
 def _impl(name: str, p: dict, out: torch.Tensor, n: int):
@@ -84,7 +71,7 @@ def main() -> int:
                 torch.cuda.synchronize()
                 written = bool(torch.isfinite(out).all())
                 err = max(float((out[sl].float() - r).norm() / r.norm()) for sl, r in refs)
-                ms = _event_ms(fn) if n > 65536 else time_ms(fn, rep=200 if n <= 8192 else 300)
+                ms = prefill_time_ms(fn, n)
                 r = dict(n=n, impl=name, ms=ms, tflops=flops / (ms * 1e-3) / 1e12, rel_err=err, all_written=written)
                 doc["rows"].append(r)
                 print(f"N={n:>6} {name:<12} {ms:9.3f} ms {r['tflops']:6.1f} TF/s err {err:.2e} written {written}",

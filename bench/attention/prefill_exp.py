@@ -25,7 +25,7 @@ import torch
 
 HERE = pathlib.Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
-from attn_common import HQ, D, run_meta, single_sequence, sink_reference_rows, time_ms  # noqa: E402
+from attn_common import HQ, D, run_meta, single_sequence, sink_reference_rows, prefill_time_ms  # noqa: E402
 from prefill_variants import VARIANTS  # noqa: E402
 
 SCALE = D ** -0.5
@@ -56,19 +56,6 @@ def warmup(names: list[str], workers: int) -> None:
     with mp.get_context("spawn").Pool(workers) as pool:
         for line in pool.imap_unordered(_warm, names):
             print("warmup", line, flush=True)
-
-
-def _event_ms(fn, reps: int = 3) -> float:
-    fn()
-    times = []
-    for _ in range(reps):
-        a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        a.record()
-        fn()
-        b.record()
-        torch.cuda.synchronize()
-        times.append(a.elapsed_time(b))
-    return sorted(times)[len(times) // 2]
 
 
 def main() -> int:
@@ -104,7 +91,7 @@ def main() -> int:
                 written = bool(torch.isfinite(out).all())
                 err = max((float((out[sl].float() - r).norm() / r.norm()) for sl, r in refs), default=float("nan"))
                 fn = lambda: _call(p, cfg, out, n)  # noqa: E731
-                ms = _event_ms(fn) if n > 65536 else time_ms(fn, rep=200 if n <= 8192 else 300)
+                ms = prefill_time_ms(fn, n)
                 r = dict(n=n, cached=cached, impl=name, ms=ms, tflops=flops / (ms * 1e-3) / 1e12, rel_err=err,
                          all_written=written)
                 doc["rows"].append(r)
