@@ -33,7 +33,7 @@ import triton
 import triton.language as tl
 from triton.language.extra.cuda import gdc_launch_dependents, gdc_wait
 
-from .triton_attention_splitkv import group_query, split_bounds, splitkv_decode
+from .triton_attention_splitkv import attend_tile, group_query, split_bounds, splitkv_decode
 from .triton_attention_prefill import LOG2E
 from .triton_moe_gemm import interpreting
 
@@ -74,19 +74,8 @@ def _decode_split_kernel(q_ptr, k_ptr, v_ptr, kc_ptr, vc_ptr, bt_ptr, cu_ptr, cl
         pos = n0 + offs_n
         ok = (pos >= lo) & (pos < ctx)
         blk = tl.load(bt_row + pos // BS, mask=ok, other=0).to(tl.int64)
-        slot = (pos % BS).to(tl.int64)
-        kt = tl.load(kc_head + (blk * stride_kcb + slot * stride_kct)[:, None] + offs_d[None, :],
-                     mask=ok[:, None], other=0.0)               # [BN, D]
-        vt = tl.load(vc_head + (blk * stride_vcb + slot * stride_vct)[:, None] + offs_d[None, :],
-                     mask=ok[:, None], other=0.0)
-        qk = tl.dot(q, tl.trans(kt)) * qk_scale                  # [G, BN]
-        qk = tl.where(ok[None, :], qk, float("-inf"))
-        m_new = tl.maximum(m_i, tl.max(qk, 1))
-        p = tl.math.exp2(qk - m_new[:, None])
-        alpha = tl.math.exp2(m_i - m_new)
-        l_i = l_i * alpha + tl.sum(p, 1)
-        acc = acc * alpha[:, None] + tl.dot(p.to(vt.dtype), vt)
-        m_i = m_new
+        m_i, l_i, acc = attend_tile(q, kc_head, vc_head, blk, (pos % BS).to(tl.int64), ok, offs_d, stride_kcb,
+                                    stride_kct, stride_vcb, stride_vct, qk_scale, m_i, l_i, acc)
 
     if SINGLE:
         # the new token's own key/value (position ctx) and the sink, then normalise

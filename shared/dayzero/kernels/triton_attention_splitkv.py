@@ -46,6 +46,25 @@ def split_bounds(ctx, window, s, num_splits, HAS_WINDOW: tl.constexpr, BLOCK_N: 
 
 
 @triton.jit
+def attend_tile(q, kc_head, vc_head, blk, slot, ok, offs_d, stride_kcb, stride_kct, stride_vcb, stride_vct,
+                qk_scale, m_i, l_i, acc):
+    """One tile of cached keys (page ``blk``, slot ``slot`` per key; ``ok`` masks) folded into the online
+    softmax of the GQA group's queries ``q [G, D]`` (scores in log2 units): (m_i, l_i, acc)."""
+    kt = tl.load(kc_head + (blk * stride_kcb + slot * stride_kct)[:, None] + offs_d[None, :],
+                 mask=ok[:, None], other=0.0)               # [BN, D]
+    vt = tl.load(vc_head + (blk * stride_vcb + slot * stride_vct)[:, None] + offs_d[None, :],
+                 mask=ok[:, None], other=0.0)
+    qk = tl.dot(q, tl.trans(kt)) * qk_scale                  # [G, BN]
+    qk = tl.where(ok[None, :], qk, float("-inf"))
+    m_new = tl.maximum(m_i, tl.max(qk, 1))
+    p = tl.math.exp2(qk - m_new[:, None])
+    alpha = tl.math.exp2(m_i - m_new)
+    l_i = l_i * alpha + tl.sum(p, 1)
+    acc = acc * alpha[:, None] + tl.dot(p.to(vt.dtype), vt)
+    return m_new, l_i, acc
+
+
+@triton.jit
 def group_query(q_ptr, q_row, hkv, stride_qt, stride_qh, GROUP: tl.constexpr, G_P2: tl.constexpr,
                 HEAD_D: tl.constexpr):
     """The GROUP query heads of KV head ``hkv`` at token row ``q_row``: (q [G, D], heads [G], g_ok [G],
@@ -109,19 +128,8 @@ def _decode_split2_kernel(q_ptr, k_ptr, v_ptr, kc_ptr, vc_ptr, bt_ptr, cu_ptr, c
             blk_nx = tl.load(bt_row + nxt // BS, mask=nxt < ctx, other=0)  # the next tile's pages
         else:
             blk = tl.load(bt_row + pos // BS, mask=ok, other=0).to(tl.int64)
-        slot = (pos % BS).to(tl.int64)
-        kt = tl.load(kc_head + (blk * stride_kcb + slot * stride_kct)[:, None] + offs_d[None, :],
-                     mask=ok[:, None], other=0.0)               # [BN, D]
-        vt = tl.load(vc_head + (blk * stride_vcb + slot * stride_vct)[:, None] + offs_d[None, :],
-                     mask=ok[:, None], other=0.0)
-        qk = tl.dot(q, tl.trans(kt)) * qk_scale                  # [G, BN]
-        qk = tl.where(ok[None, :], qk, float("-inf"))
-        m_new = tl.maximum(m_i, tl.max(qk, 1))
-        p = tl.math.exp2(qk - m_new[:, None])
-        alpha = tl.math.exp2(m_i - m_new)
-        l_i = l_i * alpha + tl.sum(p, 1)
-        acc = acc * alpha[:, None] + tl.dot(p.to(vt.dtype), vt)
-        m_i = m_new
+        m_i, l_i, acc = attend_tile(q, kc_head, vc_head, blk, (pos % BS).to(tl.int64), ok, offs_d, stride_kcb,
+                                    stride_kct, stride_vcb, stride_vct, qk_scale, m_i, l_i, acc)
 
     if s == 0:  # the new token's own key/value (position ctx) and the sink: split 0 only
         kn = tl.load(k_ptr + q_row64 * stride_kt + hkv * stride_kh + offs_d).to(tl.float32)  # [D]
