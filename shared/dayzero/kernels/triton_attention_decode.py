@@ -33,7 +33,7 @@ import triton
 import triton.language as tl
 from triton.language.extra.cuda import gdc_launch_dependents, gdc_wait
 
-from .triton_attention_splitkv import attend_tile, group_query, split_bounds, splitkv_decode
+from .triton_attention_splitkv import attend_new_and_sink, attend_tile, group_query, split_bounds, splitkv_decode
 from .triton_attention_prefill import LOG2E
 from .triton_moe_gemm import interpreting
 
@@ -79,15 +79,9 @@ def _decode_split_kernel(q_ptr, k_ptr, v_ptr, kc_ptr, vc_ptr, bt_ptr, cu_ptr, cl
 
     if SINGLE:
         # the new token's own key/value (position ctx) and the sink, then normalise
-        kn = tl.load(k_ptr + q_row64 * stride_kt + hkv * stride_kh + offs_d).to(tl.float32)  # [D]
-        vn = tl.load(v_ptr + q_row64 * stride_vt + hkv * stride_vh + offs_d).to(tl.float32)
-        sn = tl.sum(q.to(tl.float32) * kn[None, :], 1) * qk_scale                         # [G]
-        sink = tl.load(sink_ptr + heads, mask=g_ok, other=0.0).to(tl.float32) * 1.4426950408889634
-        m_new = tl.maximum(tl.maximum(m_i, sn), sink)
-        alpha = tl.math.exp2(m_i - m_new)
-        pn = tl.math.exp2(sn - m_new)
-        l_i = l_i * alpha + pn + tl.math.exp2(sink - m_new)
-        acc = acc * alpha[:, None] + pn[:, None] * vn[None, :]
+        m_i, l_i, acc = attend_new_and_sink(q, k_ptr + q_row64 * stride_kt + hkv * stride_kh,
+                                            v_ptr + q_row64 * stride_vt + hkv * stride_vh, offs_d,
+                                            sink_ptr, heads, g_ok, qk_scale, m_i, l_i, acc)
         out = acc / l_i[:, None]
         tl.store(o_ptr + q_row64 * stride_ot + heads[:, None] * stride_oh + offs_d[None, :],
                  out.to(o_ptr.dtype.element_ty), mask=g_ok[:, None])

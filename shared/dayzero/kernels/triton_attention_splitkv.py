@@ -65,6 +65,22 @@ def attend_tile(q, kc_head, vc_head, blk, slot, ok, offs_d, stride_kcb, stride_k
 
 
 @triton.jit
+def attend_new_and_sink(q, k_row, v_row, offs_d, sink_ptr, heads, g_ok, qk_scale, m_i, l_i, acc):
+    """The new token's own key / value (``k_row`` / ``v_row``: its [D] vectors) and the heads' sinks
+    (denominator only) folded into the online softmax of ``q [G, D]``: (m_i, l_i, acc)."""
+    kn = tl.load(k_row + offs_d).to(tl.float32)                                       # [D]
+    vn = tl.load(v_row + offs_d).to(tl.float32)
+    sn = tl.sum(q.to(tl.float32) * kn[None, :], 1) * qk_scale                         # [G]
+    sink = tl.load(sink_ptr + heads, mask=g_ok, other=0.0).to(tl.float32) * 1.4426950408889634
+    m_new = tl.maximum(tl.maximum(m_i, sn), sink)
+    alpha = tl.math.exp2(m_i - m_new)
+    pn = tl.math.exp2(sn - m_new)
+    l_i = l_i * alpha + pn + tl.math.exp2(sink - m_new)
+    acc = acc * alpha[:, None] + pn[:, None] * vn[None, :]
+    return m_new, l_i, acc
+
+
+@triton.jit
 def group_query(q_ptr, q_row, hkv, stride_qt, stride_qh, GROUP: tl.constexpr, G_P2: tl.constexpr,
                 HEAD_D: tl.constexpr):
     """The GROUP query heads of KV head ``hkv`` at token row ``q_row``: (q [G, D], heads [G], g_ok [G],
@@ -132,16 +148,9 @@ def _decode_split2_kernel(q_ptr, k_ptr, v_ptr, kc_ptr, vc_ptr, bt_ptr, cu_ptr, c
                                     stride_kct, stride_vcb, stride_vct, qk_scale, m_i, l_i, acc)
 
     if s == 0:  # the new token's own key/value (position ctx) and the sink: split 0 only
-        kn = tl.load(k_ptr + q_row64 * stride_kt + hkv * stride_kh + offs_d).to(tl.float32)  # [D]
-        vn = tl.load(v_ptr + q_row64 * stride_vt + hkv * stride_vh + offs_d).to(tl.float32)
-        sn = tl.sum(q.to(tl.float32) * kn[None, :], 1) * qk_scale                         # [G]
-        sink = tl.load(sink_ptr + heads, mask=g_ok, other=0.0).to(tl.float32) * 1.4426950408889634
-        m_new = tl.maximum(tl.maximum(m_i, sn), sink)
-        alpha = tl.math.exp2(m_i - m_new)
-        pn = tl.math.exp2(sn - m_new)
-        l_i = l_i * alpha + pn + tl.math.exp2(sink - m_new)
-        acc = acc * alpha[:, None] + pn[:, None] * vn[None, :]
-        m_i = m_new
+        m_i, l_i, acc = attend_new_and_sink(q, k_ptr + q_row64 * stride_kt + hkv * stride_kh,
+                                            v_ptr + q_row64 * stride_vt + hkv * stride_vh, offs_d,
+                                            sink_ptr, heads, g_ok, qk_scale, m_i, l_i, acc)
 
     seq_head = (b * n_kv + hkv).to(tl.int64)
     row = (seq_head * num_splits + s) * GROUP + offs_g                        # [G] partial rows
