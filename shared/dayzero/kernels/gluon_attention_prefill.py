@@ -132,6 +132,30 @@ def _softmax(sacc, m_i, l_i, qk_scale, j, rows, MASK: gl.constexpr, BN: gl.const
 
 
 @gluon.jit
+def _first_tile(it, q_s, k_smem, k_ready, k_empty, turn, rows, qk_scale, WG: gl.constexpr, NWG: gl.constexpr,
+                BN: gl.constexpr, STAGES: gl.constexpr, PP: gl.constexpr):
+    """Key tile 0 of a query tile (no PV yet; masked: the diagonal tile of the first query tile), ring
+    position and phases from ``it`` as in ``_step``: (P_0, m, l, O = 0)."""
+    s_l: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1], instr_shape=[16, BN, 16])
+    o_l: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1], instr_shape=[16, HD, 16])
+    s = it % STAGES
+    mbarrier.wait(k_ready.index(s), (it // STAGES) & 1)
+    if PP:
+        mbarrier.wait(turn.index(WG), it & 1)
+    sacc = warpgroup_mma(q_s, k_smem.index(s).permute((1, 0)), gl.zeros([WM, BN], gl.float32, s_l),
+                         use_acc=False, is_async=True)
+    if PP:
+        mbarrier.arrive(turn.index((WG + 1) % NWG))
+    sacc = warpgroup_mma_wait(0, deps=(sacc, ))
+    fence_async_shared()
+    mbarrier.arrive(k_empty.index(s))
+    m_i = gl.full([WM], -1.0e30, gl.float32, gl.SliceLayout(1, s_l))      # finite: no inf - inf
+    l_i = gl.zeros([WM], gl.float32, gl.SliceLayout(1, s_l))
+    p, alpha, m_i, l_i = _softmax(sacc, m_i, l_i, qk_scale, 0, rows, True, BN)
+    return p, m_i, l_i, gl.zeros([WM, HD], gl.float32, o_l)
+
+
+@gluon.jit
 def _step(j, it, o, p_prev, m_i, l_i, q_s, k_smem, v_smem, k_ready, k_empty, v_ready, v_empty, turn, rows, qk_scale,
           pin_buf, WG: gl.constexpr, NWG: gl.constexpr, BN: gl.constexpr, STAGES: gl.constexpr, MASK: gl.constexpr,
           PP: gl.constexpr, PIN: gl.constexpr):
@@ -182,20 +206,7 @@ def _consumer(p, WG: gl.constexpr, NWG: gl.constexpr, BN: gl.constexpr, STAGES: 
     pin_buf = pin_smem.index(WG)                                            # [WM] fp32 (PIN)
     mbarrier.wait(q_bar, 0)
     # ---- tile 0 (peeled: no PV yet; masked, as it is the diagonal tile of the first query tile) ----
-    mbarrier.wait(k_ready.index(0), 0)
-    if PP:
-        mbarrier.wait(turn.index(WG), 0)
-    sacc = warpgroup_mma(q_s, k_smem.index(0).permute((1, 0)), gl.zeros([WM, BN], gl.float32, s_l),
-                         use_acc=False, is_async=True)
-    if PP:
-        mbarrier.arrive(turn.index((WG + 1) % NWG))
-    sacc = warpgroup_mma_wait(0, deps=(sacc, ))
-    fence_async_shared()
-    mbarrier.arrive(k_empty.index(0))
-    m_i = gl.full([WM], -1.0e30, gl.float32, gl.SliceLayout(1, s_l))      # finite: no inf - inf
-    l_i = gl.zeros([WM], gl.float32, gl.SliceLayout(1, s_l))
-    p, alpha, m_i, l_i = _softmax(sacc, m_i, l_i, qk_scale, 0, rows, True, BN)
-    o = gl.zeros([WM, HD], gl.float32, o_l)
+    p, m_i, l_i, o = _first_tile(0, q_s, k_smem, k_ready, k_empty, turn, rows, qk_scale, WG, NWG, BN, STAGES, PP)
     # ---- tiles every row of the CTA sees whole, then the diagonal tiles ----
     for j in range(1, n_full):
         o, p, m_i, l_i = _step(j, j, o, _to_a(p, o_l), m_i, l_i, q_s, k_smem, v_smem, k_ready, k_empty, v_ready,

@@ -21,7 +21,7 @@ from triton.experimental.gluon import language as gl
 from triton.experimental.gluon.language.nvidia.hopper import (fence_async_shared, mbarrier, tma, warpgroup_mma,
                                                               warpgroup_mma_wait)
 
-from .gluon_attention_prefill import HD, WM, _epilogue, _softmax, _step, _to_a
+from .gluon_attention_prefill import HD, WM, _epilogue, _first_tile, _step, _to_a
 
 
 @gluon.jit
@@ -87,22 +87,8 @@ def _consumer(p, WG: gl.constexpr, NWG: gl.constexpr, BN: gl.constexpr, STAGES: 
             mbarrier.wait(q_ready.index(qb), (ic // 2) & 1)
             q_s = q_smem.index(qb * NWG + WG)
             rows = m_start + WG * WM + gl.arange(0, WM, gl.SliceLayout(1, s_l))
-            # tile 0 (no PV yet; masked)
-            s0 = it % STAGES
-            mbarrier.wait(k_ready.index(s0), (it // STAGES) & 1)
-            if PP:
-                mbarrier.wait(turn.index(WG), it & 1)
-            sacc = warpgroup_mma(q_s, k_smem.index(s0).permute((1, 0)), gl.zeros([WM, BN], gl.float32, s_l),
-                                 use_acc=False, is_async=True)
-            if PP:
-                mbarrier.arrive(turn.index((WG + 1) % NWG))
-            sacc = warpgroup_mma_wait(0, deps=(sacc, ))
-            fence_async_shared()
-            mbarrier.arrive(k_empty.index(s0))
-            m_i = gl.full([WM], -1.0e30, gl.float32, gl.SliceLayout(1, s_l))
-            l_i = gl.zeros([WM], gl.float32, gl.SliceLayout(1, s_l))
-            pr, alpha, m_i, l_i = _softmax(sacc, m_i, l_i, qk_scale, 0, rows, True, BN)
-            o = gl.zeros([WM, HD], gl.float32, o_l)
+            pr, m_i, l_i, o = _first_tile(it, q_s, k_smem, k_ready, k_empty, turn, rows, qk_scale, WG, NWG, BN,
+                                          STAGES, PP)
             it += 1
             for j in range(1, n_full):
                 o, pr, m_i, l_i = _step(j, it, o, _to_a(pr, o_l), m_i, l_i, q_s, k_smem, v_smem, k_ready, k_empty,
