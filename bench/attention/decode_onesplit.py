@@ -10,11 +10,12 @@ import torch
 HERE = pathlib.Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
 import bench_decode_big as big  # noqa: E402
+from attn_common import copy_bandwidth  # noqa: E402
 
 big.PLAN = [(64, 1024), (64, 32768), (256, 8192), (64, 131072), (256, 131072)]
 big.SPLITS = (1,)
 rows: list[str] = []
-res = big.bench_decode_big(rows, 4.26e12)
+res = big.bench_decode_big(rows, copy_bandwidth())
 print("\n".join(rows))
 meta = dict(commit=os.environ.get("DAYZERO_COMMIT", "unknown"), gpu=torch.cuda.get_device_name(0),
             date_utc=__import__("datetime").datetime.now(__import__("datetime").timezone.utc).isoformat())

@@ -22,9 +22,10 @@ def test_a_taken_port_is_never_handed_out():
         taken.bind(("127.0.0.1", 0))
         taken.listen()
         port = taken.getsockname()[1]
-        rng = random.Random(0)
-        forced = PortPicker(rng=rng)
-        forced._rng.randint = lambda a, b: port   # test double: the random draw always hits the taken port
-        got = forced()
+        class AlwaysTaken(random.Random):   # test double: every random draw is the taken port
+            def randint(self, a, b):
+                return port
+
+        got = PortPicker(rng=AlwaysTaken())()
         assert got != port
     assert isinstance(free_port(), int)
