@@ -70,7 +70,7 @@ def check(name: str) -> dict:
                o_ptr="*bf16", qk_scale="fp32")
     consts = dict(GROUP=8, NWG=cfg.nwg, BN=cfg.block_n, STAGES=cfg.stages, CONSUMER_REGS=cfg.consumer_regs,
                   PRODUCER_REGS=cfg.producer_regs, num_warps=4, PP=cfg.pingpong,
-                  PIN=cfg.pin)
+                  PIN=cfg.pin, CARRY=cfg.carry_a)
     sig.update({k: "constexpr" for k in consts})
     # what the JIT specializes at a real launch: 16-byte aligned pointers, strides divisible by 16
     attrs = {(i, ): [["tt.divisibility", 16]] for i, n in enumerate(kern.arg_names)

@@ -191,3 +191,38 @@ def test_gpu_unsupported_calls_raise():
     wide = make_case([100], [0], d=128, device="cuda")
     with pytest.raises(ValueError, match="64"):
         G.prefill_attention(*wide.args(), 100, torch.empty_like(wide.q))
+
+
+# ---------------------------------------------------------------- the registered op's opt-in path ----
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not CUDA, reason="needs a CUDA GPU")
+@pytest.mark.parametrize("cfg", CFGS)
+def test_gpu_registered_dispatch(cfg, monkeypatch):
+    """DAYZERO_PREFILL_GLUON=cfg: the registered op (``triton_attention.attention``) runs the Gluon kernel for
+    full-causal calls without a cached prefix (``max_seqlen_k`` 0, or not given: checked on the host) and the
+    Triton kernel for a prefix, a window or max_seqlen_k > 0; every output matches the reference."""
+    _gluon()
+    from dayzero.kernels.registry import REGISTRY
+    from dayzero.kernels.triton_attention_prefill import GLUON_ENV, gluon_prefill_choice
+
+    attention = REGISTRY.impls["triton"]["attention"]
+    monkeypatch.setenv(GLUON_ENV, cfg)
+    plain = make_case([300, 129, 1], [0, 0, 0], sinks="mixed", seed=31, device="cuda")
+    prefixed = make_case([300, 129], [0, 77], sinks="mixed", seed=32, device="cuda")
+    windowed = make_case([300, 129], [0, 0], window=128, seed=33, device="cuda")
+    for case, window, max_k, want in [(plain, 0, None, cfg), (plain, 0, 0, cfg), (plain, 0, 5, None),
+                                      (prefixed, 0, None, None), (prefixed, 0, 77, None),
+                                      (windowed, 128, 0, None)]:
+        out = torch.full_like(case.q, float("nan"))
+        got = gluon_prefill_choice(case.q, case.k, case.v, out, window, None, case.cached_lens, max_k)
+        assert got == want, (window, max_k, got)
+        ref = ref_ops.attention(*case.args())
+        res = attention(*case.args(), max_seqlen_q=300, max_seqlen_k=max_k, out=out)
+        torch.cuda.synchronize()
+        check_output(res, out, ref, case.cu_seqlens_q, TOL)
+    monkeypatch.setenv(GLUON_ENV, "no_such_config")
+    with pytest.raises(ValueError, match="not a Gluon prefill configuration"):
+        attention(*plain.args(), max_seqlen_q=300, max_seqlen_k=0)
+    monkeypatch.setenv(GLUON_ENV, "0")
+    assert gluon_prefill_choice(plain.q, plain.k, plain.v, plain.q, 0, None, plain.cached_lens, 0) is None

@@ -75,6 +75,7 @@ class GluonPrefillConfig:
     pin: bool = True           # a shared-memory store of the row sums keeps the softmax before the PV wait
                                # (without it ptxas hoists that wait above the softmax: no overlap in a warpgroup)
     persistent: bool = False   # True: one CTA per SM walks the work items (gluon_attention_prefill_persistent)
+    carry_a: bool = False      # P goes to the next tile as the bf16 A operand (fp32 P dead after the softmax)
 
     @property
     def block_m(self) -> int:
@@ -86,14 +87,17 @@ NWG3 = GluonPrefillConfig(nwg=3, consumer_regs=160, producer_regs=24, maxnreg=12
 CONFIGS = {"pp2": DEFAULT, "pp2_nopin": GluonPrefillConfig(pin=False), "pp2_free": GluonPrefillConfig(pingpong=False),
            "pp2_s3": GluonPrefillConfig(stages=3), "pp2_persist": GluonPrefillConfig(persistent=True),
            "pp3_n64": GluonPrefillConfig(nwg=3, block_n=64, consumer_regs=160, producer_regs=24, maxnreg=128),
-           "pp3": NWG3}
+           "pp3": NWG3,
+           "pp3_nopin": GluonPrefillConfig(nwg=3, consumer_regs=160, producer_regs=24, maxnreg=128, pin=False,
+                                           carry_a=True),
+           "pp2_persist_nopin": GluonPrefillConfig(persistent=True, pin=False)}
 # what gluon_prefill_run.sh tests and times: the configurations whose sm_90 build does not spill
 RUN_CONFIGS = ("pp2", "pp2_persist", "pp2_nopin", "pp2_free", "pp3_n64")
 
 
 @gluon.jit
 def _producer(p, NWG: gl.constexpr, BN: gl.constexpr, STAGES: gl.constexpr, PP: gl.constexpr,
-              PIN: gl.constexpr):
+              PIN: gl.constexpr, CARRY: gl.constexpr):
     """1 warp: Q once, then K_j / V_j for every key tile of the CTA into the ring."""
     (q_desc, k_desc, v_desc, q_smem, k_smem, v_smem, pin_smem, q_bar, k_ready, k_empty, v_ready, v_empty, turn,
      o_ptr, sink_ptr, stride_ot, stride_oh, qk_scale, q_start, q_len, m_start, h, hkv, n_full, n_tiles) = p
@@ -133,7 +137,7 @@ def _softmax(sacc, m_i, l_i, qk_scale, j, rows, MASK: gl.constexpr, BN: gl.const
 
 @gluon.jit
 def _first_tile(it, q_s, k_smem, k_ready, k_empty, turn, rows, qk_scale, WG: gl.constexpr, NWG: gl.constexpr,
-                BN: gl.constexpr, STAGES: gl.constexpr, PP: gl.constexpr):
+                BN: gl.constexpr, STAGES: gl.constexpr, PP: gl.constexpr, CARRY: gl.constexpr):
     """Key tile 0 of a query tile (no PV yet; masked: the diagonal tile of the first query tile), ring
     position and phases from ``it`` as in ``_step``: (P_0, m, l, O = 0)."""
     s_l: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1], instr_shape=[16, BN, 16])
@@ -152,17 +156,18 @@ def _first_tile(it, q_s, k_smem, k_ready, k_empty, turn, rows, qk_scale, WG: gl.
     m_i = gl.full([WM], -1.0e30, gl.float32, gl.SliceLayout(1, s_l))      # finite: no inf - inf
     l_i = gl.zeros([WM], gl.float32, gl.SliceLayout(1, s_l))
     p, alpha, m_i, l_i = _softmax(sacc, m_i, l_i, qk_scale, 0, rows, True, BN)
-    return p, m_i, l_i, gl.zeros([WM, HD], gl.float32, o_l)
+    return _carried(p, o_l, CARRY), m_i, l_i, gl.zeros([WM, HD], gl.float32, o_l)
 
 
 @gluon.jit
 def _step(j, it, o, p_prev, m_i, l_i, q_s, k_smem, v_smem, k_ready, k_empty, v_ready, v_empty, turn, rows, qk_scale,
           pin_buf, WG: gl.constexpr, NWG: gl.constexpr, BN: gl.constexpr, STAGES: gl.constexpr, MASK: gl.constexpr,
-          PP: gl.constexpr, PIN: gl.constexpr):
+          PP: gl.constexpr, PIN: gl.constexpr, CARRY: gl.constexpr):
     """Key tile j >= 1: S_j = Q K_j^T and O += P_{j-1} V_{j-1} issued in this warpgroup's turn; softmax of
     S_j overlaps the PV product (and the other warpgroups' wgmmas). ``it``: the tile's count over the
     CTA's life, which sets the ring stage and the phases (= j here; the persistent kernel's walk)."""
     s_l: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1], instr_shape=[16, BN, 16])
+    o_l: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1], instr_shape=[16, HD, 16])
     s = it % STAGES
     sp = (it - 1) % STAGES
     mbarrier.wait(k_ready.index(s), (it // STAGES) & 1)
@@ -184,7 +189,7 @@ def _step(j, it, o, p_prev, m_i, l_i, q_s, k_smem, v_smem, k_ready, k_empty, v_r
     fence_async_shared()
     mbarrier.arrive(v_empty.index(sp))
     o = o * gl.expand_dims(gl.convert_layout(alpha, gl.SliceLayout(1, o.type.layout)), 1)
-    return o, p, m_i, l_i
+    return o, _carried(p, o_l, CARRY), m_i, l_i
 
 
 @gluon.jit
@@ -194,8 +199,29 @@ def _to_a(p, o_l: gl.constexpr):
 
 
 @gluon.jit
+def _carried(p, o_l: gl.constexpr, CARRY: gl.constexpr):
+    """What a tile hands the next one: P [WM, BN] fp32, or (CARRY) already the bf16 A operand, so that the
+    fp32 P is dead right after the softmax (3 warpgroups at 160 registers spill without it)."""
+    if CARRY:
+        res = _to_a(p, o_l)
+    else:
+        res = p
+    return res
+
+
+@gluon.jit
+def _a_operand(p, o_l: gl.constexpr, CARRY: gl.constexpr):
+    """The carried P as the PV wgmma's A operand (converted here unless CARRY did it already)."""
+    if CARRY:
+        res = p
+    else:
+        res = _to_a(p, o_l)
+    return res
+
+
+@gluon.jit
 def _consumer(p, WG: gl.constexpr, NWG: gl.constexpr, BN: gl.constexpr, STAGES: gl.constexpr, PP: gl.constexpr,
-              PIN: gl.constexpr):
+              PIN: gl.constexpr, CARRY: gl.constexpr):
     """4 warps: query rows [m_start + 64 WG, + 64) of the CTA's head, every key tile, then the epilogue."""
     (q_desc, k_desc, v_desc, q_smem, k_smem, v_smem, pin_smem, q_bar, k_ready, k_empty, v_ready, v_empty, turn,
      o_ptr, sink_ptr, stride_ot, stride_oh, qk_scale, q_start, q_len, m_start, h, hkv, n_full, n_tiles) = p
@@ -206,19 +232,22 @@ def _consumer(p, WG: gl.constexpr, NWG: gl.constexpr, BN: gl.constexpr, STAGES: 
     pin_buf = pin_smem.index(WG)                                            # [WM] fp32 (PIN)
     mbarrier.wait(q_bar, 0)
     # ---- tile 0 (peeled: no PV yet; masked, as it is the diagonal tile of the first query tile) ----
-    p, m_i, l_i, o = _first_tile(0, q_s, k_smem, k_ready, k_empty, turn, rows, qk_scale, WG, NWG, BN, STAGES, PP)
+    p, m_i, l_i, o = _first_tile(0, q_s, k_smem, k_ready, k_empty, turn, rows, qk_scale, WG, NWG, BN, STAGES, PP,
+                                  CARRY)
     # ---- tiles every row of the CTA sees whole, then the diagonal tiles ----
     for j in range(1, n_full):
-        o, p, m_i, l_i = _step(j, j, o, _to_a(p, o_l), m_i, l_i, q_s, k_smem, v_smem, k_ready, k_empty, v_ready,
-                               v_empty, turn, rows, qk_scale, pin_buf, WG, NWG, BN, STAGES, False, PP, PIN)
+        o, p, m_i, l_i = _step(j, j, o, _a_operand(p, o_l, CARRY), m_i, l_i, q_s, k_smem, v_smem, k_ready,
+                               k_empty, v_ready, v_empty, turn, rows, qk_scale, pin_buf, WG, NWG, BN, STAGES, False,
+                               PP, PIN, CARRY)
     for j in range(gl.maximum(n_full, 1), n_tiles):
-        o, p, m_i, l_i = _step(j, j, o, _to_a(p, o_l), m_i, l_i, q_s, k_smem, v_smem, k_ready, k_empty, v_ready,
-                               v_empty, turn, rows, qk_scale, pin_buf, WG, NWG, BN, STAGES, True, PP, PIN)
+        o, p, m_i, l_i = _step(j, j, o, _a_operand(p, o_l, CARRY), m_i, l_i, q_s, k_smem, v_smem, k_ready,
+                               k_empty, v_ready, v_empty, turn, rows, qk_scale, pin_buf, WG, NWG, BN, STAGES, True,
+                               PP, PIN, CARRY)
     # ---- last PV, then the sink joins the softmax once ----
     last = n_tiles - 1
     sl = last % STAGES
     mbarrier.wait(v_ready.index(sl), (last // STAGES) & 1)
-    o = warpgroup_mma(_to_a(p, o_l), v_smem.index(sl), o, is_async=True)
+    o = warpgroup_mma(_a_operand(p, o_l, CARRY), v_smem.index(sl), o, is_async=True)
     o = warpgroup_mma_wait(0, deps=(o, ))
     mbarrier.arrive(v_empty.index(sl))
     _epilogue(o, m_i, l_i, sink_ptr, h, o_ptr, q_start, q_len, m_start + WG * WM, stride_ot, stride_oh)
@@ -244,27 +273,28 @@ def _epilogue(o, m_i, l_i, sink_ptr, h, o_ptr, q_start, q_len, row0, stride_ot, 
 
 @gluon.jit
 def _consumer0(p, NWG: gl.constexpr, BN: gl.constexpr, STAGES: gl.constexpr, PP: gl.constexpr,
-               PIN: gl.constexpr):
-    _consumer(p, 0, NWG, BN, STAGES, PP, PIN)
+               PIN: gl.constexpr, CARRY: gl.constexpr):
+    _consumer(p, 0, NWG, BN, STAGES, PP, PIN, CARRY)
 
 
 @gluon.jit
 def _consumer1(p, NWG: gl.constexpr, BN: gl.constexpr, STAGES: gl.constexpr, PP: gl.constexpr,
-               PIN: gl.constexpr):
-    _consumer(p, 1, NWG, BN, STAGES, PP, PIN)
+               PIN: gl.constexpr, CARRY: gl.constexpr):
+    _consumer(p, 1, NWG, BN, STAGES, PP, PIN, CARRY)
 
 
 @gluon.jit
 def _consumer2(p, NWG: gl.constexpr, BN: gl.constexpr, STAGES: gl.constexpr, PP: gl.constexpr,
-               PIN: gl.constexpr):
-    _consumer(p, 2, NWG, BN, STAGES, PP, PIN)
+               PIN: gl.constexpr, CARRY: gl.constexpr):
+    _consumer(p, 2, NWG, BN, STAGES, PP, PIN, CARRY)
 
 
 @gluon.jit
 def prefill_pingpong_kernel(q_desc, k_desc, v_desc, cu_ptr, sink_ptr, o_ptr, stride_ot, stride_oh, qk_scale,
                             GROUP: gl.constexpr, NWG: gl.constexpr, BN: gl.constexpr, STAGES: gl.constexpr,
                             CONSUMER_REGS: gl.constexpr, PRODUCER_REGS: gl.constexpr, num_warps: gl.constexpr,
-                            PP: gl.constexpr = True, PIN: gl.constexpr = True):
+                            PP: gl.constexpr = True, PIN: gl.constexpr = True,
+                            CARRY: gl.constexpr = False):
     """Grid (query tiles of BM = 64 NWG tokens, longest first; query heads; sequences)."""
     BM: gl.constexpr = NWG * WM
     pid_m = gl.num_programs(0) - 1 - gl.program_id(0)
@@ -301,12 +331,14 @@ def prefill_pingpong_kernel(q_desc, k_desc, v_desc, cu_ptr, sink_ptr, o_ptr, str
     p = (q_desc, k_desc, v_desc, q_smem, k_smem, v_smem, pin_smem, q_bar, k_ready, k_empty, v_ready, v_empty, turn,
          o_ptr, sink_ptr, stride_ot, stride_oh, qk_scale, q_start, q_len, m_start, h, h // GROUP, n_full, n_tiles)
     if NWG == 2:  # (constexprs passed one by one: a shared tuple would turn them into tensors)
-        gl.warp_specialize([(_consumer0, (p, NWG, BN, STAGES, PP, PIN)), (_consumer1, (p, NWG, BN, STAGES, PP, PIN)),
-                            (_producer, (p, NWG, BN, STAGES, PP, PIN))], [4, 1], [CONSUMER_REGS, PRODUCER_REGS])
+        gl.warp_specialize([(_consumer0, (p, NWG, BN, STAGES, PP, PIN, CARRY)),
+                            (_consumer1, (p, NWG, BN, STAGES, PP, PIN, CARRY)),
+                            (_producer, (p, NWG, BN, STAGES, PP, PIN, CARRY))], [4, 1], [CONSUMER_REGS, PRODUCER_REGS])
     else:
-        gl.warp_specialize([(_consumer0, (p, NWG, BN, STAGES, PP, PIN)), (_consumer1, (p, NWG, BN, STAGES, PP, PIN)),
-                            (_consumer2, (p, NWG, BN, STAGES, PP, PIN)),
-                            (_producer, (p, NWG, BN, STAGES, PP, PIN))], [4, 4, 1],
+        gl.warp_specialize([(_consumer0, (p, NWG, BN, STAGES, PP, PIN, CARRY)),
+                            (_consumer1, (p, NWG, BN, STAGES, PP, PIN, CARRY)),
+                            (_consumer2, (p, NWG, BN, STAGES, PP, PIN, CARRY)),
+                            (_producer, (p, NWG, BN, STAGES, PP, PIN, CARRY))], [4, 4, 1],
                            [CONSUMER_REGS, CONSUMER_REGS, PRODUCER_REGS])
 
 
@@ -339,7 +371,8 @@ def prefill_attention(q, k, v, k_cache, v_cache, block_tables, cu_seqlens_q, cac
     args = (_desc(q, 64), _desc(k, bn), _desc(v, bn), cu_seqlens_q, sinks, out, out.stride(0), out.stride(1),
             scale * LOG2E)
     consts = dict(GROUP=Hq // k.shape[1], NWG=cfg.nwg, BN=bn, STAGES=cfg.stages, CONSUMER_REGS=cfg.consumer_regs,
-                  PRODUCER_REGS=cfg.producer_regs, num_warps=4, maxnreg=cfg.maxnreg, PP=cfg.pingpong, PIN=cfg.pin)
+                  PRODUCER_REGS=cfg.producer_regs, num_warps=4, maxnreg=cfg.maxnreg, PP=cfg.pingpong, PIN=cfg.pin,
+                  CARRY=cfg.carry_a)
     if cfg.persistent:
         from .gluon_attention_prefill_persistent import prefill_pingpong_persistent_kernel as kern
         n_items = n_mt * Hq * B

@@ -21,7 +21,7 @@ from triton.experimental.gluon import language as gl
 from triton.experimental.gluon.language.nvidia.hopper import (fence_async_shared, mbarrier, tma, warpgroup_mma,
                                                               warpgroup_mma_wait)
 
-from .gluon_attention_prefill import HD, WM, _epilogue, _first_tile, _step, _to_a
+from .gluon_attention_prefill import HD, WM, _a_operand, _epilogue, _first_tile, _step
 
 
 @gluon.jit
@@ -39,7 +39,8 @@ def _item(t, cu_ptr, n_mt, HQ, B, BM: gl.constexpr, BN: gl.constexpr):
 
 
 @gluon.jit
-def _producer(p, NWG: gl.constexpr, BN: gl.constexpr, STAGES: gl.constexpr, PP: gl.constexpr, PIN: gl.constexpr):
+def _producer(p, NWG: gl.constexpr, BN: gl.constexpr, STAGES: gl.constexpr, PP: gl.constexpr, PIN: gl.constexpr,
+              CARRY: gl.constexpr):
     """1 warp: per item, Q into buffer ic % 2 once both consumers released it, then K_j / V_j into the ring."""
     (q_desc, k_desc, v_desc, q_smem, k_smem, v_smem, pin_smem, q_ready, q_empty, k_ready, k_empty, v_ready, v_empty,
      turn, o_ptr, sink_ptr, cu_ptr, stride_ot, stride_oh, qk_scale, n_mt, n_items, HQ, B, GROUP) = p
@@ -71,7 +72,7 @@ def _producer(p, NWG: gl.constexpr, BN: gl.constexpr, STAGES: gl.constexpr, PP: 
 
 @gluon.jit
 def _consumer(p, WG: gl.constexpr, NWG: gl.constexpr, BN: gl.constexpr, STAGES: gl.constexpr, PP: gl.constexpr,
-              PIN: gl.constexpr):
+              PIN: gl.constexpr, CARRY: gl.constexpr):
     """4 warps: rows [m_start + 64 WG, + 64) of every item of this CTA."""
     (q_desc, k_desc, v_desc, q_smem, k_smem, v_smem, pin_smem, q_ready, q_empty, k_ready, k_empty, v_ready, v_empty,
      turn, o_ptr, sink_ptr, cu_ptr, stride_ot, stride_oh, qk_scale, n_mt, n_items, HQ, B, GROUP) = p
@@ -88,21 +89,21 @@ def _consumer(p, WG: gl.constexpr, NWG: gl.constexpr, BN: gl.constexpr, STAGES: 
             q_s = q_smem.index(qb * NWG + WG)
             rows = m_start + WG * WM + gl.arange(0, WM, gl.SliceLayout(1, s_l))
             pr, m_i, l_i, o = _first_tile(it, q_s, k_smem, k_ready, k_empty, turn, rows, qk_scale, WG, NWG, BN,
-                                          STAGES, PP)
+                                          STAGES, PP, CARRY)
             it += 1
             for j in range(1, n_full):
-                o, pr, m_i, l_i = _step(j, it, o, _to_a(pr, o_l), m_i, l_i, q_s, k_smem, v_smem, k_ready, k_empty,
-                                       v_ready, v_empty, turn, rows, qk_scale, pin_buf, WG, NWG, BN, STAGES, False,
-                                       PP, PIN)
+                o, pr, m_i, l_i = _step(j, it, o, _a_operand(pr, o_l, CARRY), m_i, l_i, q_s, k_smem, v_smem,
+                                        k_ready, k_empty, v_ready, v_empty, turn, rows, qk_scale, pin_buf, WG, NWG,
+                                        BN, STAGES, False, PP, PIN, CARRY)
                 it += 1
             for j in range(gl.maximum(n_full, 1), n_tiles):
-                o, pr, m_i, l_i = _step(j, it, o, _to_a(pr, o_l), m_i, l_i, q_s, k_smem, v_smem, k_ready, k_empty,
-                                       v_ready, v_empty, turn, rows, qk_scale, pin_buf, WG, NWG, BN, STAGES, True,
-                                       PP, PIN)
+                o, pr, m_i, l_i = _step(j, it, o, _a_operand(pr, o_l, CARRY), m_i, l_i, q_s, k_smem, v_smem,
+                                        k_ready, k_empty, v_ready, v_empty, turn, rows, qk_scale, pin_buf, WG, NWG,
+                                        BN, STAGES, True, PP, PIN, CARRY)
                 it += 1
             sl = (it - 1) % STAGES
             mbarrier.wait(v_ready.index(sl), ((it - 1) // STAGES) & 1)
-            o = warpgroup_mma(_to_a(pr, o_l), v_smem.index(sl), o, is_async=True)
+            o = warpgroup_mma(_a_operand(pr, o_l, CARRY), v_smem.index(sl), o, is_async=True)
             o = warpgroup_mma_wait(0, deps=(o, ))
             fence_async_shared()
             mbarrier.arrive(v_empty.index(sl))
@@ -112,13 +113,15 @@ def _consumer(p, WG: gl.constexpr, NWG: gl.constexpr, BN: gl.constexpr, STAGES: 
 
 
 @gluon.jit
-def _consumer0(p, NWG: gl.constexpr, BN: gl.constexpr, STAGES: gl.constexpr, PP: gl.constexpr, PIN: gl.constexpr):
-    _consumer(p, 0, NWG, BN, STAGES, PP, PIN)
+def _consumer0(p, NWG: gl.constexpr, BN: gl.constexpr, STAGES: gl.constexpr, PP: gl.constexpr, PIN: gl.constexpr,
+               CARRY: gl.constexpr):
+    _consumer(p, 0, NWG, BN, STAGES, PP, PIN, CARRY)
 
 
 @gluon.jit
-def _consumer1(p, NWG: gl.constexpr, BN: gl.constexpr, STAGES: gl.constexpr, PP: gl.constexpr, PIN: gl.constexpr):
-    _consumer(p, 1, NWG, BN, STAGES, PP, PIN)
+def _consumer1(p, NWG: gl.constexpr, BN: gl.constexpr, STAGES: gl.constexpr, PP: gl.constexpr, PIN: gl.constexpr,
+               CARRY: gl.constexpr):
+    _consumer(p, 1, NWG, BN, STAGES, PP, PIN, CARRY)
 
 
 @gluon.jit
@@ -127,7 +130,8 @@ def prefill_pingpong_persistent_kernel(q_desc, k_desc, v_desc, cu_ptr, sink_ptr,
                                        GROUP: gl.constexpr, NWG: gl.constexpr, BN: gl.constexpr,
                                        STAGES: gl.constexpr, CONSUMER_REGS: gl.constexpr,
                                        PRODUCER_REGS: gl.constexpr, num_warps: gl.constexpr,
-                                       PP: gl.constexpr = True, PIN: gl.constexpr = True):
+                                       PP: gl.constexpr = True, PIN: gl.constexpr = True,
+                            CARRY: gl.constexpr = False):
     """Grid (programs <= SMs, ); n_items = n_mt query tiles x HQ heads x B sequences. Two consumer warpgroups."""
     gl.static_assert(NWG == 2, "the persistent kernel has two consumer warpgroups")
     q_smem = gl.allocate_shared_memory(gl.bfloat16, [2 * NWG, WM, HD], q_desc.layout)   # [buffer * NWG + wg]
@@ -155,5 +159,6 @@ def prefill_pingpong_persistent_kernel(q_desc, k_desc, v_desc, cu_ptr, sink_ptr,
     mbarrier.arrive(turn.index(0))
     p = (q_desc, k_desc, v_desc, q_smem, k_smem, v_smem, pin_smem, q_ready, q_empty, k_ready, k_empty, v_ready,
          v_empty, turn, o_ptr, sink_ptr, cu_ptr, stride_ot, stride_oh, qk_scale, n_mt, n_items, HQ, B, GROUP)
-    gl.warp_specialize([(_consumer0, (p, NWG, BN, STAGES, PP, PIN)), (_consumer1, (p, NWG, BN, STAGES, PP, PIN)),
-                        (_producer, (p, NWG, BN, STAGES, PP, PIN))], [4, 1], [CONSUMER_REGS, PRODUCER_REGS])
+    gl.warp_specialize([(_consumer0, (p, NWG, BN, STAGES, PP, PIN, CARRY)),
+                        (_consumer1, (p, NWG, BN, STAGES, PP, PIN, CARRY)),
+                        (_producer, (p, NWG, BN, STAGES, PP, PIN, CARRY))], [4, 1], [CONSUMER_REGS, PRODUCER_REGS])

@@ -118,7 +118,7 @@ def attention(
                               RuntimeWarning, stacklevel=2)
         config = {}  # full attention, a wide window or an odd GQA group: the flash kernel's defaults
     return prefill_attention(q, k, v, k_cache, v_cache, block_tables, cu_seqlens_q, cached_lens, sinks,
-                             scale, window, max_seqlen_q, out, config)
+                             scale, window, max_seqlen_q, out, config, max_seqlen_k=max_seqlen_k)
 
 
 def _num_sms(device: torch.device) -> int:

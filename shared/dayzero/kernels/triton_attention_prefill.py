@@ -204,10 +204,50 @@ def _tma_ok(t: torch.Tensor) -> bool:
             and (t.stride(0) * es) % 16 == 0 and t.shape[2] * es >= 16)
 
 
+GLUON_ENV = "DAYZERO_PREFILL_GLUON"
+
+
+def gluon_prefill_choice(q, k, v, out, window: int, config: dict | None, cached_lens,
+                         max_seqlen_k: int | None) -> str | None:
+    """The ``gluon_attention_prefill`` configuration that runs this call, or None (this module's kernel).
+
+    Opt-in: the environment variable DAYZERO_PREFILL_GLUON names a configuration of
+    ``gluon_attention_prefill.CONFIGS`` (unset, empty or "0": off; an unknown name: ValueError). The Gluon
+    kernel then runs the one case it supports and this kernel everything else: no tile config from the
+    caller, full causal, head dim 64, bf16, TMA-able rows, a Hopper GPU (sm_90), and no cached prefix:
+    ``max_seqlen_k == 0`` (the largest cached length; the engine passes it), or, when the caller passes
+    none, ``cached_lens`` all zero, read on the host (one device sync per call)."""
+    name = os.environ.get(GLUON_ENV, "")
+    if name in ("", "0"):
+        return None
+    from .gluon_attention_prefill import CONFIGS
+    from .gluon_attention_schedule import check_supported
+
+    if name not in CONFIGS:
+        raise ValueError(f"{GLUON_ENV}={name!r} is not a Gluon prefill configuration ({', '.join(CONFIGS)})")
+    if config or window != 0 or not q.is_cuda or q.shape[2] != 64 \
+            or torch.cuda.get_device_capability(q.device) != (9, 0):
+        return None
+    try:
+        check_supported(q, k, v, out, window, CONFIGS[name].block_n, CONFIGS[name].nwg)
+    except ValueError:
+        return None
+    if max_seqlen_k is None:
+        return None if bool((cached_lens != 0).any()) else name   # host sync
+    return name if max_seqlen_k == 0 else None
+
+
 def prefill_attention(q, k, v, k_cache, v_cache, block_tables, cu_seqlens_q, cached_lens, sinks,
                       scale: float, window: int, max_seqlen_q: int, out: torch.Tensor,
-                      config: dict | None = None) -> torch.Tensor:
-    """Launch the prefill kernel; ``max_seqlen_q`` sizes the grid (no device sync here)."""
+                      config: dict | None = None, max_seqlen_k: int | None = None) -> torch.Tensor:
+    """Launch the prefill kernel; ``max_seqlen_q`` sizes the grid (no device sync here, unless the opt-in
+    Gluon path is selected and ``max_seqlen_k`` is not given: ``gluon_prefill_choice``)."""
+    gluon = gluon_prefill_choice(q, k, v, out, window, config, cached_lens, max_seqlen_k)
+    if gluon is not None:
+        from .gluon_attention_prefill import CONFIGS, prefill_attention as gluon_prefill
+
+        return gluon_prefill(q, k, v, k_cache, v_cache, block_tables, cu_seqlens_q, cached_lens, sinks, scale,
+                             window, max_seqlen_q, out, config=CONFIGS[gluon], check_prefix=False)
     T, Hq, D = q.shape
     Hkv = k.shape[1]
     B = cached_lens.shape[0]
