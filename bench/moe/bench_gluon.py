@@ -47,6 +47,9 @@ def _configs() -> dict:
             "gluon128_h1": r(BM128, half=1), "gluon128_h2": r(BM128, half=2),
             # align + x quantization in three launches (align_quant_pairs) instead of the Triton path's four
             "gluon64_glue": r(BM64, glue=True), "gluon128_glue": r(BM128, glue=True),
+            # the walk by expert (groups inside an expert's run of blocks: no group straddles two experts)
+            "gluon64_w": r(BM64, walk=1), "gluon128_w": r(BM128, walk=1), "gluon128_h2_w": r(BM128, half=2, walk=1),
+            "gluon128_w_glue": r(BM128, walk=1, glue=True), "gluon128_w_g16": r(BM128, walk=1, group_m=16),
             # timing diagnostics (wrong results): where the time goes
             "diag_w_once_per_tile": r(BM64, diag=1), "diag_a_once_per_tile": r(BM64, diag=2),
             "diag128_half_w_once": r(BM128, half=3)}
@@ -79,9 +82,9 @@ def compile_check(out: str | None, names: list[str] | None = None) -> int:
             sig.update(a_desc=f"tensordesc<fp8e4nv[{a_rows}, 128],{al!r}>", b_desc=f"tensordesc<fp8e4nv[256, 128],{bl!r}>",
                        bias_ptr="*bf16", c_ptr="*fp8e4nv" if epi == 1 else "*bf16",
                        cs_ptr="*fp32", sorted_ids_ptr="*i32", block_expert_ptr="*i32", weights_ptr="*bf16",
-                       limit="fp32", alpha="fp32")
+                       limit="fp32", alpha="fp32", span_ptr="*i32")
             consts = dict(EPI=epi, STAGES=cfg.stages, GROUP_M=cfg.group_m, CONSUMER_REGS=cfg.consumer_regs,
-                          PRODUCER_REGS=cfg.producer_regs, num_warps=4)
+                          PRODUCER_REGS=cfg.producer_regs, num_warps=4, WALK=cfg.walk)
             if bm == 64:
                 consts["DIAG"] = cfg.diag
             else:

@@ -19,6 +19,19 @@ def _coords(tile: int, used_m: int, num_pid_n: int, group_m: int) -> tuple[int, 
     return first_m + (tile % width) % gsize, (tile % width) // gsize
 
 
+def _walk(tile: int, used_m: int, num_pid_n: int, group_m: int, span: list | None) -> tuple[int, int]:
+    """Host copy of ``gluon_moe_gemm._tile_mn`` (span None: walk 0, else the block spans of walk 1)."""
+    if span is None:
+        return _coords(tile, used_m, num_pid_n, group_m)
+    first, count = span[tile // num_pid_n]
+    m, n = _coords(tile - first * num_pid_n, count, num_pid_n, group_m)
+    return first + m, n
+
+
+def _sms() -> int:
+    return torch.cuda.get_device_properties(0).multi_processor_count
+
+
 def _med(xs: list[float]) -> float | None:
     return round(statistics.median(xs), 2) if xs else None
 
@@ -43,10 +56,13 @@ def tile_times(run, stage: str) -> dict:
     torch.cuda.synchronize()
     be = al.block_expert.tolist()
     used_m = sum(1 for b in be if b >= 0)
+    span = al.block_span.tolist() if run.cfg.walk else None
     recs = []                                          # (start, end, pid_m, pid_n, expert, full)
+    wrong_m = 0                                        # the kernel's M block differs from the host walk's
     for tile, (t0, t1, pm, kind) in enumerate(trace.tolist()):
         if kind:
-            _, pn = _coords(tile, used_m, num_pid_n, run.cfg.group_m)
+            hm, pn = _walk(tile, used_m, num_pid_n, run.cfg.group_m, span)
+            wrong_m += hm != pm
             recs.append((t0, t1, pm, pn, be[pm], kind == 1))
     full = [(r[1] - r[0]) / 1e3 for r in recs if r[5]]
     half = [r for r in recs if not r[5]]
@@ -63,5 +79,7 @@ def tile_times(run, stage: str) -> dict:
     return {f"{stage}_trace": dict(
         tiles=len(recs), full_us=_med(full), half_us=_med([(r[1] - r[0]) / 1e3 for r in half]),
         half_with_full_overlap_us=_med(shared), half_alone_us=_med(alone),
-        n_full=len(full), n_half=len(half), n_half_overlap=len(shared),
+        n_full=len(full), n_half=len(half), n_half_overlap=len(shared), walk_mismatch=wrong_m,
+        unreached=used_m * num_pid_n - len(recs),
+        busy_us_per_sm=round(sum((r[1] - r[0]) for r in recs) / 1e3 / _sms(), 1),
         span_us=round((max(t_all) - min(t_all)) / 1e3, 1) if t_all else None)}

@@ -232,3 +232,60 @@ def test_registered_op_takes_gluon_for_prefill(monkeypatch):
     for o in (out, out_triton):
         assert torch.isfinite(o).all()
         assert rel(o, ref_out) <= 0.25 * e_ref + 5e-3, (rel(o, ref_out), e_ref)
+
+
+def _runs_of(block_expert: torch.Tensor) -> torch.Tensor:
+    """[used, 2]: for each used block, the first block and the length of its expert's run (from block_expert)."""
+    be = block_expert.cpu()
+    used = int((be >= 0).sum())
+    _, counts = torch.unique_consecutive(be[:used], return_counts=True)
+    first = torch.cumsum(counts, 0) - counts
+    return torch.stack([first.repeat_interleave(counts), counts.repeat_interleave(counts)], 1).to(torch.int32)
+
+
+@pytest.mark.parametrize("bm", [64, 128])
+def test_align_block_span(bm):
+    """span=True (the Gluon walk by expert): every used block's (first block, blocks) of its expert's run,
+    from both align paths, equals the runs read off block_expert; the alignment itself is unchanged."""
+    pytest.importorskip("triton")
+    from dayzero.kernels.triton_moe_align import align_pairs, align_quant_pairs
+    from test_moe_gpu import skewed_ids
+
+    cases = [(2000, 8, 0, 8), (1500, 16, 0, 16), (1000, 128, 0, 128), (333, 8, 8, 32), (3, 32, 0, 32)]
+    for T, E, offset, E_glob in cases:
+        g = torch.Generator(device=DEV).manual_seed(T + bm)
+        ids = torch.rand(T, E_glob, device=DEV, generator=g).topk(4, dim=1).indices
+        x = torch.randn(T, 256, device=DEV, generator=g).bfloat16()
+        for al in (align_pairs(ids, E, bm, offset, span=True), align_quant_pairs(x, ids, E, bm, offset, span=True)[0]):
+            want = _runs_of(al.block_expert)
+            assert torch.equal(al.block_span[:want.shape[0]].cpu(), want), (T, E, bm)
+        assert torch.equal(align_pairs(ids, E, bm, offset).block_expert, al.block_expert)
+    al = align_pairs(skewed_ids(1500, 4).to(DEV), 32, bm, span=True)                 # one long run, empty experts
+    assert torch.equal(al.block_span[:int((al.block_expert >= 0).sum())].cpu(), _runs_of(al.block_expert))
+
+
+WALK_CFGS = {"bm64": dict(bm=64, group_m=16), "bm128": dict(bm=128, group_m=8),
+             "bm128_half2": dict(bm=128, group_m=8, half=2), "bm128_g16_glue": dict(bm=128, group_m=16, glue=True)}
+
+
+@pytest.mark.parametrize("name", list(WALK_CFGS))
+def test_gluon_moe_walk_by_expert(name):
+    """GluonConfig.walk = 1 (groups inside each expert's run of blocks): within the FP8 bounds and bitwise
+    equal to the same configuration's walk 0 (the walk only reorders tiles), on 20B / 120B expert counts,
+    odd shapes, an EP slice and skewed routing (one expert's run of ~47 blocks, many empty experts)."""
+    from dayzero.kernels.gluon_moe_gemm_run import GluonConfig, fused_moe_gluon
+    from test_moe_gpu import make_experts, route, skewed_ids
+
+    cfg = GluonConfig(walk=1, **WALK_CFGS[name])
+    cfg0 = dataclasses.replace(cfg, walk=0)
+    cases = ((2048, 32, 2880, 2880, 4, 81, 0, 32), (1024, 128, 2880, 2880, 4, 82, 0, 128),
+             (300, 6, 208, 336, 2, 83, 0, 6), (200, 8, 2880, 2880, 4, 84, 8, 32))
+    for T, E, H, I, k, seed, offset, E_glob in cases:
+        q, d = make_experts(E, H, I, seed, offset)
+        x, w, ids = route(T, E_glob, k, H, seed + 1)
+        out = check(x, w, ids, q, d, cfg)
+        assert torch.equal(out, fused_moe_gluon(x, w, ids, q, LIMIT, cfg0)), (name, T, E)
+    q, d = make_experts(32, 2880, 2880, seed=85)
+    x, w, _ = route(1500, 32, 4, 2880, seed=86)
+    ids = skewed_ids(1500, 4).to(DEV)
+    assert torch.equal(check(x, w, ids, q, d, cfg), fused_moe_gluon(x, w, ids, q, LIMIT, cfg0))

@@ -10,7 +10,8 @@ step), but with DeepGEMM's structure, which Triton 3.6 cannot express:
     The two warpgroups are independent, so one promotes while the other's wgmma runs (Triton's single
     warpgroup pair waits for its own MMA before every promotion).
   * persistent: one CTA per SM walks the (used M block, N tile) tiles, grouped GROUP_M blocks at a
-    time; the producer runs ahead into the next tile while the consumers do the epilogue.
+    time (WALK 1: groups inside each expert's run of blocks, ``_tile_mn``); the producer runs ahead
+    into the next tile while the consumers do the epilogue.
 Scales travel with the stage (TMA): the A row scales [1, 64] of the step from the group-major
 a_scale_t, and the tile's two weight-block scales in one [8, 4] box (128-byte slots: a TMA destination
 must be 128-byte aligned) of ``gluon_moe_gemm_run.block_scales_by_k``; the consumers read them from
@@ -61,16 +62,35 @@ def _tile_coords(tile, used_m, num_pid_n, GROUP_M: gl.constexpr):
 
 
 @gluon.jit
-def _producer(p, EPI: gl.constexpr, STAGES: gl.constexpr, GROUP_M: gl.constexpr, DIAG: gl.constexpr):
+def _tile_mn(tile, used_m, num_pid_n, span_ptr, GROUP_M: gl.constexpr, WALK: gl.constexpr):
+    """(M block, N tile) of walk position ``tile``. WALK 0: groups of GROUP_M consecutive used blocks, N
+    swept inside a group (a group can straddle two experts). WALK 1: the same inside each expert's run of
+    blocks (span [block, 2] = the run's first block and length, ``AlignedPairs.block_span``): an expert's
+    tiles occupy positions [first * N tiles, (first + blocks) * N tiles), so position // N tiles is one of
+    its blocks, and no group mixes two experts' weight tiles (an expert's W tile is streamed once, by
+    its blocks together)."""
+    if WALK == 1:
+        lb = tile // num_pid_n
+        first = gl.load(span_ptr + 2 * lb)
+        pid_m, pid_n = _tile_coords(tile - first * num_pid_n, gl.load(span_ptr + 2 * lb + 1), num_pid_n, GROUP_M)
+        pid_m += first
+    else:
+        pid_m, pid_n = _tile_coords(tile, used_m, num_pid_n, GROUP_M)
+    return pid_m, pid_n
+
+
+@gluon.jit
+def _producer(p, EPI: gl.constexpr, STAGES: gl.constexpr, GROUP_M: gl.constexpr, DIAG: gl.constexpr,
+              WALK: gl.constexpr):
     """1 warp: TMA loads of A [BM, BK] and W [BN, BK] for every K step of every tile of this CTA."""
     (a_desc, b_desc, sa_desc, sb_desc, a_bufs, b_bufs, sa_bufs, sb_bufs, ready, empty, xbar, amax_smem, bias_ptr,
      c_ptr, cs_ptr, sorted_ids_ptr, block_expert_ptr, weights_ptr, used_m, N, K, num_pairs, num_kb, stride_biase,
-     stride_cm, stride_cs, limit, alpha) = p
+     stride_cm, stride_cs, limit, alpha, span_ptr) = p
     nk = gl.cdiv(K, BK)
     num_pid_n = gl.cdiv(N, BN)
     it = 0
     for tile in range(gl.program_id(0), used_m * num_pid_n, gl.num_programs(0)):
-        pid_m, pid_n = _tile_coords(tile, used_m, num_pid_n, GROUP_M)
+        pid_m, pid_n = _tile_mn(tile, used_m, num_pid_n, span_ptr, GROUP_M, WALK)
         e = gl.load(block_expert_ptr + pid_m)
         row_b = e * N + pid_n * BN
         col_sb = (pid_n * (BN // 128)) // 4 * 4                          # 16-byte aligned group of blocks
@@ -122,22 +142,24 @@ def _k_loop(a_bufs, b_bufs, sa_bufs, sb_bufs, ready, empty, d, it, nk, j_sb, WG:
 
 
 @gluon.jit
-def _consumer0(p, EPI: gl.constexpr, STAGES: gl.constexpr, GROUP_M: gl.constexpr, DIAG: gl.constexpr):
-    _consumer(p, 0, EPI, STAGES, GROUP_M, DIAG)
+def _consumer0(p, EPI: gl.constexpr, STAGES: gl.constexpr, GROUP_M: gl.constexpr, DIAG: gl.constexpr,
+               WALK: gl.constexpr):
+    _consumer(p, 0, EPI, STAGES, GROUP_M, DIAG, WALK)
 
 
 @gluon.jit
-def _consumer1(p, EPI: gl.constexpr, STAGES: gl.constexpr, GROUP_M: gl.constexpr, DIAG: gl.constexpr):
-    _consumer(p, 1, EPI, STAGES, GROUP_M, DIAG)
+def _consumer1(p, EPI: gl.constexpr, STAGES: gl.constexpr, GROUP_M: gl.constexpr, DIAG: gl.constexpr,
+               WALK: gl.constexpr):
+    _consumer(p, 1, EPI, STAGES, GROUP_M, DIAG, WALK)
 
 
 @gluon.jit
 def _consumer(p, WG: gl.constexpr, EPI: gl.constexpr, STAGES: gl.constexpr, GROUP_M: gl.constexpr,
-              DIAG: gl.constexpr):
+              DIAG: gl.constexpr, WALK: gl.constexpr):
     """4 warps: columns [WG * WN, (WG + 1) * WN) of every tile of this CTA, K loop + epilogue."""
     (a_desc, b_desc, sa_desc, sb_desc, a_bufs, b_bufs, sa_bufs, sb_bufs, ready, empty, xbar, amax_smem, bias_ptr,
      c_ptr, cs_ptr, sorted_ids_ptr, block_expert_ptr, weights_ptr, used_m, N, K, num_pairs, num_kb, stride_biase,
-     stride_cm, stride_cs, limit, alpha) = p
+     stride_cm, stride_cs, limit, alpha, span_ptr) = p
     mma: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1], instr_shape=[16, WN, 32])
     rows: gl.constexpr = gl.SliceLayout(1, mma)
     nk = gl.cdiv(K, BK)
@@ -146,7 +168,7 @@ def _consumer(p, WG: gl.constexpr, EPI: gl.constexpr, STAGES: gl.constexpr, GROU
     tcount = 0
     d = gl.zeros([BM, WN], gl.float32, mma)
     for tile in range(gl.program_id(0), used_m * num_pid_n, gl.num_programs(0)):
-        pid_m, pid_n = _tile_coords(tile, used_m, num_pid_n, GROUP_M)
+        pid_m, pid_n = _tile_mn(tile, used_m, num_pid_n, span_ptr, GROUP_M, WALK)
         e = gl.load(block_expert_ptr + pid_m)
         n_w = pid_n * BN + WG * WN
         offs_m = pid_m * BM + gl.arange(0, BM, rows)                       # [BM]
@@ -212,9 +234,9 @@ def moe_gemm_ws_kernel(
     sorted_ids_ptr, block_expert_ptr, weights_ptr,
     num_blocks_m, N, K, num_pairs, num_kb,
     stride_biase, stride_cm, stride_cs,
-    limit, alpha,
+    limit, alpha, span_ptr,
     EPI: gl.constexpr, STAGES: gl.constexpr, GROUP_M: gl.constexpr, CONSUMER_REGS: gl.constexpr,
-    PRODUCER_REGS: gl.constexpr, num_warps: gl.constexpr, DIAG: gl.constexpr = 0,
+    PRODUCER_REGS: gl.constexpr, num_warps: gl.constexpr, DIAG: gl.constexpr = 0, WALK: gl.constexpr = 0,
 ):
     a_bufs = gl.allocate_shared_memory(gl.float8e4nv, [STAGES, BM, BK], a_desc.layout)
     b_bufs = gl.allocate_shared_memory(gl.float8e4nv, [STAGES, BN, BK], b_desc.layout)
@@ -233,7 +255,8 @@ def moe_gemm_ws_kernel(
     used_m = _count_used_blocks(block_expert_ptr, num_blocks_m, 1024, num_warps)
     p = (a_desc, b_desc, sa_desc, sb_desc, a_bufs, b_bufs, sa_bufs, sb_bufs, ready, empty, xbar, amax_smem, bias_ptr,
          c_ptr, cs_ptr, sorted_ids_ptr, block_expert_ptr, weights_ptr, used_m, N, K, num_pairs, num_kb, stride_biase,
-         stride_cm, stride_cs, limit, alpha)
-    gl.warp_specialize([(_consumer0, (p, EPI, STAGES, GROUP_M, DIAG)), (_consumer1, (p, EPI, STAGES, GROUP_M, DIAG)),
-                        (_producer, (p, EPI, STAGES, GROUP_M, DIAG))], [4, 1],
+         stride_cm, stride_cs, limit, alpha, span_ptr)
+    gl.warp_specialize([(_consumer0, (p, EPI, STAGES, GROUP_M, DIAG, WALK)),
+                        (_consumer1, (p, EPI, STAGES, GROUP_M, DIAG, WALK)),
+                        (_producer, (p, EPI, STAGES, GROUP_M, DIAG, WALK))], [4, 1],
                        [CONSUMER_REGS, PRODUCER_REGS])

@@ -28,7 +28,7 @@ from triton.experimental.gluon.language.nvidia.hopper import (fence_async_shared
                                                               warpgroup_mma_wait)
 
 from .gluon_moe_epi import _pin, _store_h, _store_y, _swiglu
-from .gluon_moe_gemm import _count_used_blocks, _tile_coords
+from .gluon_moe_gemm import _count_used_blocks, _tile_mn
 from .gluon_moe_trace import _now, _trace
 
 BM = gl.constexpr(128)    # rows of a tile (= the align block)
@@ -47,7 +47,7 @@ def _load_tile(p, pid_m, pid_n, e, full, it, STAGES: gl.constexpr, HALF: gl.cons
     wrong results) also loads a half tile's W only at its first K step."""
     (a_desc, b_desc, sa_desc, sb_desc, a_bufs, b_bufs, sa_bufs, sb_bufs, ready, empty, xbar, amax_smem, bias_ptr,
      c_ptr, cs_ptr, sorted_ids_ptr, block_expert_ptr, weights_ptr, used_m, N, K, num_pairs, num_kb, stride_biase,
-     stride_cm, stride_cs, limit, alpha) = p
+     stride_cm, stride_cs, limit, alpha, span_ptr) = p
     row_b = e * N + pid_n * BN
     col_sb = (pid_n * (BN // 128)) // 4 * 4                              # 16-byte aligned group of blocks
     for kb in range(gl.cdiv(K, BK)):
@@ -74,15 +74,16 @@ def _load_tile(p, pid_m, pid_n, e, full, it, STAGES: gl.constexpr, HALF: gl.cons
 
 
 @gluon.jit
-def _producer(p, EPI: gl.constexpr, STAGES: gl.constexpr, GROUP_M: gl.constexpr, HALF: gl.constexpr):
+def _producer(p, EPI: gl.constexpr, STAGES: gl.constexpr, GROUP_M: gl.constexpr, HALF: gl.constexpr,
+              WALK: gl.constexpr):
     """1 warp: the loads of every K step of every tile of this CTA."""
     (a_desc, b_desc, sa_desc, sb_desc, a_bufs, b_bufs, sa_bufs, sb_bufs, ready, empty, xbar, amax_smem, bias_ptr,
      c_ptr, cs_ptr, sorted_ids_ptr, block_expert_ptr, weights_ptr, used_m, N, K, num_pairs, num_kb, stride_biase,
-     stride_cm, stride_cs, limit, alpha) = p
+     stride_cm, stride_cs, limit, alpha, span_ptr) = p
     num_pid_n = gl.cdiv(N, BN)
     it = 0
     for tile in range(gl.program_id(0), used_m * num_pid_n, gl.num_programs(0)):
-        pid_m, pid_n = _tile_coords(tile, used_m, num_pid_n, GROUP_M)
+        pid_m, pid_n = _tile_mn(tile, used_m, num_pid_n, span_ptr, GROUP_M, WALK)
         e = gl.load(block_expert_ptr + pid_m)
         if HALF < 2:
             it = _load_tile(p, pid_m, pid_n, e, True, it, STAGES, HALF)
@@ -155,19 +156,19 @@ def _k_loop1(a_bufs, b_bufs, sa_bufs, sb_bufs, ready, empty, it, nk, j_sb, WG: g
 
 @gluon.jit
 def _consumer0(p, EPI: gl.constexpr, STAGES: gl.constexpr, GROUP_M: gl.constexpr, HALF: gl.constexpr, trace_ptr,
-               TRACE: gl.constexpr):
-    _consumer(p, 0, EPI, STAGES, GROUP_M, HALF, trace_ptr, TRACE)
+               TRACE: gl.constexpr, WALK: gl.constexpr):
+    _consumer(p, 0, EPI, STAGES, GROUP_M, HALF, trace_ptr, TRACE, WALK)
 
 
 @gluon.jit
 def _consumer1(p, EPI: gl.constexpr, STAGES: gl.constexpr, GROUP_M: gl.constexpr, HALF: gl.constexpr, trace_ptr,
-               TRACE: gl.constexpr):
-    _consumer(p, 1, EPI, STAGES, GROUP_M, HALF, trace_ptr, False)
+               TRACE: gl.constexpr, WALK: gl.constexpr):
+    _consumer(p, 1, EPI, STAGES, GROUP_M, HALF, trace_ptr, False, WALK)
 
 
 @gluon.jit
 def _consumer(p, WG: gl.constexpr, EPI: gl.constexpr, STAGES: gl.constexpr, GROUP_M: gl.constexpr,
-              HALF: gl.constexpr, trace_ptr, TRACE: gl.constexpr):
+              HALF: gl.constexpr, trace_ptr, TRACE: gl.constexpr, WALK: gl.constexpr):
     """4 warps, every tile of this CTA. Full tile: rows [WG * HM, (WG + 1) * HM), all BN columns. Half
     tile (rows 64-127 all padding): HALF 0 / 2 / 3: rows 0-63, weight block WG (the consumers split N, as
     in ``gluon_moe_gemm``; the gate_up row amax is exchanged through shared memory); HALF 1: warpgroup 0
@@ -175,12 +176,12 @@ def _consumer(p, WG: gl.constexpr, EPI: gl.constexpr, STAGES: gl.constexpr, GROU
     start / end times into trace_ptr (``gluon_moe_trace``)."""
     (a_desc, b_desc, sa_desc, sb_desc, a_bufs, b_bufs, sa_bufs, sb_bufs, ready, empty, xbar, amax_smem, bias_ptr,
      c_ptr, cs_ptr, sorted_ids_ptr, block_expert_ptr, weights_ptr, used_m, N, K, num_pairs, num_kb, stride_biase,
-     stride_cm, stride_cs, limit, alpha) = p
+     stride_cm, stride_cs, limit, alpha, span_ptr) = p
     num_pid_n = gl.cdiv(N, BN)
     it = 0
     hcount = 0                                                              # half tiles seen (amax exchange phase)
     for tile in range(gl.program_id(0), used_m * num_pid_n, gl.num_programs(0)):
-        pid_m, pid_n = _tile_coords(tile, used_m, num_pid_n, GROUP_M)
+        pid_m, pid_n = _tile_mn(tile, used_m, num_pid_n, span_ptr, GROUP_M, WALK)
         e = gl.load(block_expert_ptr + pid_m)
         if TRACE:
             t0 = _now()
@@ -206,7 +207,7 @@ def _full_tile(p, pid_m, pid_n, e, it, WG: gl.constexpr, EPI: gl.constexpr, STAG
     """Rows [WG * HM, (WG + 1) * HM) of the tile, both weight blocks: K loop + epilogue; returns it."""
     (a_desc, b_desc, sa_desc, sb_desc, a_bufs, b_bufs, sa_bufs, sb_bufs, ready, empty, xbar, amax_smem, bias_ptr,
      c_ptr, cs_ptr, sorted_ids_ptr, block_expert_ptr, weights_ptr, used_m, N, K, num_pairs, num_kb, stride_biase,
-     stride_cm, stride_cs, limit, alpha) = p
+     stride_cm, stride_cs, limit, alpha, span_ptr) = p
     mma: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1], instr_shape=[16, WN, 32])
     cols: gl.constexpr = gl.SliceLayout(0, mma)
     m0 = pid_m * BM + WG * HM
@@ -252,7 +253,7 @@ def _half_tile(p, pid_m, pid_n, e, it, hcount, WG: gl.constexpr, EPI: gl.constex
     epilogue; returns (it, hcount)."""
     (a_desc, b_desc, sa_desc, sb_desc, a_bufs, b_bufs, sa_bufs, sb_bufs, ready, empty, xbar, amax_smem, bias_ptr,
      c_ptr, cs_ptr, sorted_ids_ptr, block_expert_ptr, weights_ptr, used_m, N, K, num_pairs, num_kb, stride_biase,
-     stride_cm, stride_cs, limit, alpha) = p
+     stride_cm, stride_cs, limit, alpha, span_ptr) = p
     mma: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1], instr_shape=[16, WN, 32])
     nk = gl.cdiv(K, BK)
     m0 = pid_m * BM
@@ -304,9 +305,10 @@ def moe_gemm_ws128_kernel(
     sorted_ids_ptr, block_expert_ptr, weights_ptr,
     num_blocks_m, N, K, num_pairs, num_kb,
     stride_biase, stride_cm, stride_cs,
-    limit, alpha, trace_ptr,
+    limit, alpha, trace_ptr, span_ptr,
     EPI: gl.constexpr, STAGES: gl.constexpr, GROUP_M: gl.constexpr, CONSUMER_REGS: gl.constexpr,
     PRODUCER_REGS: gl.constexpr, num_warps: gl.constexpr, HALF: gl.constexpr = 0, TRACE: gl.constexpr = False,
+    WALK: gl.constexpr = 0,
 ):
     a_bufs = gl.allocate_shared_memory(gl.float8e4nv, [STAGES, BM, BK], a_desc.layout)
     b_bufs = gl.allocate_shared_memory(gl.float8e4nv, [STAGES, BN, BK], b_desc.layout)
@@ -325,7 +327,7 @@ def moe_gemm_ws128_kernel(
     used_m = _count_used_blocks(block_expert_ptr, num_blocks_m, 1024, num_warps)
     p = (a_desc, b_desc, sa_desc, sb_desc, a_bufs, b_bufs, sa_bufs, sb_bufs, ready, empty, xbar, amax_smem, bias_ptr,
          c_ptr, cs_ptr, sorted_ids_ptr, block_expert_ptr, weights_ptr, used_m, N, K, num_pairs, num_kb, stride_biase,
-         stride_cm, stride_cs, limit, alpha)
-    gl.warp_specialize([(_consumer0, (p, EPI, STAGES, GROUP_M, HALF, trace_ptr, TRACE)),
-                        (_consumer1, (p, EPI, STAGES, GROUP_M, HALF, trace_ptr, TRACE)),
-                        (_producer, (p, EPI, STAGES, GROUP_M, HALF))], [4, 1], [CONSUMER_REGS, PRODUCER_REGS])
+         stride_cm, stride_cs, limit, alpha, span_ptr)
+    gl.warp_specialize([(_consumer0, (p, EPI, STAGES, GROUP_M, HALF, trace_ptr, TRACE, WALK)),
+                        (_consumer1, (p, EPI, STAGES, GROUP_M, HALF, trace_ptr, TRACE, WALK)),
+                        (_producer, (p, EPI, STAGES, GROUP_M, HALF, WALK))], [4, 1], [CONSUMER_REGS, PRODUCER_REGS])

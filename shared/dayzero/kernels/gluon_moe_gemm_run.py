@@ -24,7 +24,7 @@ from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
 from .gluon_moe_gemm import moe_gemm_ws_kernel
 from .gluon_moe_gemm128 import moe_gemm_ws128_kernel
 from .triton_moe import LARGE, SWIGLU_ALPHA, MoeRun
-from .triton_moe_align import AlignedPairs, align_quant_pairs
+from .triton_moe_align import AlignedPairs, align_pairs, align_quant_pairs
 from .triton_moe_gemm import tma_ok
 from .types import ExpertWeights
 
@@ -52,6 +52,8 @@ class GluonConfig:
                                # the W tile loaded once (timing diagnostic, WRONG results) (gluon_moe_gemm128)
     glue: bool = False         # True: align + x quantization in three launches (align_quant_pairs; not
                                # faster in Gluon run 6's do_bench timing); False: the Triton path's four
+    walk: int = 0              # tile walk: 0 = groups of group_m consecutive M blocks (a group can straddle
+                               # two experts), 1 = groups inside each expert's run (AlignedPairs.block_span)
 
 
 BM64 = GluonConfig()
@@ -103,6 +105,8 @@ def gemm_ws(a: torch.Tensor, a_scale_t: torch.Tensor, w: torch.Tensor, w_scale_k
         raise ValueError("the timing diagnostics exist for the 64-row kernel only")
     if cfg.half not in (0, 1, 2, 3) or (trace is not None and bm != 128):
         raise ValueError(f"half must be 0-3 and a trace needs 128-row tiles (half {cfg.half}, bm {bm})")
+    if cfg.walk not in (0, 1) or (cfg.walk == 1 and al.block_span is None):
+        raise ValueError(f"walk must be 0 or 1, and walk 1 needs the alignment's block_span (walk {cfg.walk})")
     if not w.is_contiguous():
         raise ValueError("the Gluon MoE GEMM needs contiguous expert weights")
     E = w.shape[0]
@@ -117,11 +121,12 @@ def gemm_ws(a: torch.Tensor, a_scale_t: torch.Tensor, w: torch.Tensor, w_scale_k
             out_scale_t.stride(0) if out_scale_t is not None else 0, float(limit), SWIGLU_ALPHA)
     consts = dict(EPI=epi, STAGES=cfg.stages, GROUP_M=cfg.group_m, CONSUMER_REGS=cfg.consumer_regs,
                   PRODUCER_REGS=cfg.producer_regs, num_warps=4, maxnreg=cfg.maxnreg)
+    span = al.block_span if cfg.walk else al.block_expert                  # (unused with walk 0)
     if bm == 128:
-        moe_gemm_ws128_kernel[(progs, )](*args, trace if trace is not None else out, HALF=cfg.half,
-                                         TRACE=trace is not None, **consts)
+        moe_gemm_ws128_kernel[(progs, )](*args, trace if trace is not None else out, span, HALF=cfg.half,
+                                         TRACE=trace is not None, WALK=cfg.walk, **consts)
     else:
-        moe_gemm_ws_kernel[(progs, )](*args, DIAG=cfg.diag, **consts)
+        moe_gemm_ws_kernel[(progs, )](*args, span, DIAG=cfg.diag, WALK=cfg.walk, **consts)
 
 
 class GluonMoeRun(MoeRun):
@@ -133,9 +138,12 @@ class GluonMoeRun(MoeRun):
         self.cfg = cfg
 
     def align(self) -> None:
+        span = self.cfg.walk == 1                    # the expert runs of the blocks, for the walk by expert
         if not self.cfg.glue:
-            return super().align()
-        self.al, self.xq, self.xs_t = align_quant_pairs(self.x, self.ids, self.E, self.tiles.bm, self.offset)
+            self.al = align_pairs(self.ids, self.E, self.tiles.bm, self.offset, span=span)
+            return
+        self.al, self.xq, self.xs_t = align_quant_pairs(self.x, self.ids, self.E, self.tiles.bm, self.offset,
+                                                        span=span)
 
     def quant(self) -> None:
         if not self.cfg.glue:            # else done by align

@@ -36,6 +36,8 @@ class AlignedPairs:
     block_expert: torch.Tensor  # [Mpad // BM] int32: expert of each M block, -1 = empty
     num_pairs: int              # P = T * topk
     block_m: int
+    block_span: torch.Tensor | None = None  # [Mpad // BM, 2] int32 (``span=True``): first M block of the
+                                            # block's expert run and the run's block count (used blocks only)
 
     @property
     def padded_rows(self) -> int:
@@ -63,7 +65,7 @@ def _count_kernel(ids_ptr, counts_ptr, P, offset, E, CH: tl.constexpr, EB: tl.co
 @triton.jit
 def _scan_kernel(counts_ptr, cursor_ptr, sorted_ids_ptr, block_expert_ptr, num_chunks, E, P, num_blocks,
                  BM: tl.constexpr, EB: tl.constexpr, NBT: tl.constexpr, pend_ptr=None, BLOCKS: tl.constexpr = True,
-                 CB: tl.constexpr = 16):
+                 CB: tl.constexpr = 16, span_ptr=None, SPAN: tl.constexpr = False):
     ex = tl.arange(0, EB)
     tot = tl.zeros((EB,), tl.int32)
     if BLOCKS:
@@ -89,10 +91,25 @@ def _scan_kernel(counts_ptr, cursor_ptr, sorted_ids_ptr, block_expert_ptr, num_c
         for b0 in range(0, num_blocks, NBT):
             b = b0 + tl.arange(0, NBT)
             start = b * BM
-            owner = tl.sum((pend_e[None, :] <= start[:, None]).to(tl.int32), axis=1)  # experts ending before
+            before = pend_e[None, :] <= start[:, None]                       # [NBT, EB] runs ending before
+            owner = tl.sum(before.to(tl.int32), axis=1)
             tl.store(block_expert_ptr + b, tl.where(start < total, owner, -1), mask=b < num_blocks)
+            if SPAN:
+                _store_span(span_ptr, b, start, before, pend_e[None, :], b < num_blocks, BM, 1)
     else:  # align_quant_pairs: the scatter launch fills block_expert from the run ends
         tl.store(pend_ptr + ex, pend, mask=ex < E)
+
+
+@triton.jit
+def _store_span(span_ptr, b, start, before, pend, ok, BM: tl.constexpr, AXIS: tl.constexpr):
+    """span[b] = (first M block of block b's expert run, the run's blocks), from ``before`` [.., EB] (which
+    runs end at or before the block's first row ``start``) and the run ends ``pend`` [1 or .., EB]
+    (non-decreasing; INT32_MAX past the local experts). Runs of empty experts have zero length."""
+    first = tl.max(tl.where(before, pend, 0), axis=AXIS)                # end of the previous run
+    end = tl.min(tl.where(before, 2147483647, pend), axis=AXIS)          # end of this block's run
+    end = tl.where(end == 2147483647, first, end)                        # past the last run: empty
+    tl.store(span_ptr + 2 * b, first // BM, mask=ok)
+    tl.store(span_ptr + 2 * b + 1, (end - first) // BM, mask=ok)
 
 
 @triton.jit
@@ -107,7 +124,8 @@ def _scatter_kernel(ids_ptr, cursor_ptr, sorted_ids_ptr, P, offset, E, CH: tl.co
 @triton.jit
 def _scatter_quant_kernel(ids_ptr, cursor_ptr, pend_ptr, sorted_ids_ptr, block_expert_ptr, x_ptr, q_ptr, s_ptr,
                           P, offset, E, K, stride_xm, stride_qm, stride_st,
-                          TOPK: tl.constexpr, BM: tl.constexpr, EB: tl.constexpr, NG: tl.constexpr, G: tl.constexpr):
+                          TOPK: tl.constexpr, BM: tl.constexpr, EB: tl.constexpr, NG: tl.constexpr, G: tl.constexpr,
+                          span_ptr=None, SPAN: tl.constexpr = False):
     """Programs [0, P): pair i takes a slot in its expert's run and writes its token's row of x there,
     quantized 1x128 (q [Mpad, Kp] fp8, s_t [ceil(K/G), Mpad]; as ``triton_linear._quant_rows_kernel``).
     Programs [P, P + num_blocks): the expert of M block b (-1 past the last run)."""
@@ -129,15 +147,19 @@ def _scatter_quant_kernel(ids_ptr, cursor_ptr, pend_ptr, sorted_ids_ptr, block_e
         b = pid - P
         ex = tl.arange(0, EB)
         pend = tl.load(pend_ptr + ex, mask=ex < E, other=0)                 # run ends (non-decreasing)
-        owner = tl.sum(((pend <= b * BM) & (ex < E)).to(tl.int32), axis=0)  # runs ending at or before the block
+        before = (pend <= b * BM) & (ex < E)
+        owner = tl.sum(before.to(tl.int32), axis=0)                         # runs ending at or before the block
         tl.store(block_expert_ptr + b, tl.where(b * BM < tl.max(pend, axis=0), owner, -1))
+        if SPAN:
+            _store_span(span_ptr, b, b * BM, before, tl.where(ex < E, pend, 2147483647), True, BM, 0)
 
 
 def align_quant_pairs(x: torch.Tensor, ids: torch.Tensor, num_experts: int, block_m: int,
-                      offset: int = 0) -> tuple[AlignedPairs, torch.Tensor, torch.Tensor]:
+                      offset: int = 0, span: bool = False) -> tuple[AlignedPairs, torch.Tensor, torch.Tensor]:
     """``align_pairs`` and ``triton_linear.quantize_gathered_rows`` in three launches: x [T, K] bf16,
     ids [T, topk] -> (AlignedPairs, q [Mpad, Kp] fp8, s_t [ceil(K/128), Mpad] fp32); q / s_t rows of
-    padding slots and empty blocks are left unwritten (see the module docstring)."""
+    padding slots and empty blocks are left unwritten (see the module docstring). ``span``: also
+    ``block_span`` (as ``align_pairs``)."""
     if ids.dim() != 2 or x.dim() != 2 or ids.shape[0] != x.shape[0]:
         raise ValueError(f"expected x [T, K] and ids [T, topk], got {tuple(x.shape)} and {tuple(ids.shape)}")
     ids = ids.contiguous()
@@ -156,6 +178,7 @@ def align_quant_pairs(x: torch.Tensor, ids: torch.Tensor, num_experts: int, bloc
     pend = torch.empty((eb,), dtype=torch.int32, device=dev)
     sorted_ids = torch.empty((mpad,), dtype=torch.int32, device=dev)
     block_expert = torch.empty((nb,), dtype=torch.int32, device=dev)
+    block_span = torch.zeros((nb, 2), dtype=torch.int32, device=dev) if span else None
     q = torch.empty((mpad, ng * GROUP), dtype=torch.float8_e4m3fn, device=dev)
     s_t = torch.empty((ng, mpad), dtype=torch.float32, device=dev)
     if P:
@@ -166,15 +189,21 @@ def align_quant_pairs(x: torch.Tensor, ids: torch.Tensor, num_experts: int, bloc
                            num_warps=4)
         _scatter_quant_kernel[(P + nb,)](ids, cursor, pend, sorted_ids, block_expert, x, q, s_t, P, offset, E, K,
                                          x.stride(0), q.stride(0), s_t.stride(0), TOPK=ids.shape[1], BM=block_m,
-                                         EB=eb, NG=ng_p2, G=GROUP, num_warps=4 if ng_p2 <= 16 else 8)
+                                         EB=eb, NG=ng_p2, G=GROUP, span_ptr=block_span, SPAN=span,
+                                         num_warps=4 if ng_p2 <= 16 else 8)
     else:
         block_expert.fill_(-1)
-    return AlignedPairs(sorted_ids=sorted_ids, block_expert=block_expert, num_pairs=P, block_m=block_m), q, s_t
+    al = AlignedPairs(sorted_ids=sorted_ids, block_expert=block_expert, num_pairs=P, block_m=block_m,
+                      block_span=block_span)
+    return al, q, s_t
 
 
-def align_pairs(ids: torch.Tensor, num_experts: int, block_m: int, offset: int = 0) -> AlignedPairs:
+def align_pairs(ids: torch.Tensor, num_experts: int, block_m: int, offset: int = 0,
+                span: bool = False) -> AlignedPairs:
     """ids [T, topk] int (global expert of each pair) -> AlignedPairs over the local experts
-    ``[offset, offset + num_experts)``; pairs routed elsewhere (other EP ranks) are left out."""
+    ``[offset, offset + num_experts)``; pairs routed elsewhere (other EP ranks) are left out. ``span``:
+    also ``block_span`` (each used block's expert run as (first block, blocks): the Gluon GEMMs' walk by
+    expert, ``GluonConfig.walk``)."""
     if ids.dim() != 2:
         raise ValueError(f"expert ids must be [T, topk], got shape {tuple(ids.shape)}")
     ids = ids.contiguous()
@@ -188,11 +217,14 @@ def align_pairs(ids: torch.Tensor, num_experts: int, block_m: int, offset: int =
     cursor = torch.empty((eb,), dtype=torch.int32, device=dev)
     sorted_ids = torch.empty((mpad,), dtype=torch.int32, device=dev)
     block_expert = torch.empty((nb,), dtype=torch.int32, device=dev)
+    block_span = torch.zeros((nb, 2), dtype=torch.int32, device=dev) if span else None
     if P:
         _count_kernel[(nchunks,)](ids, counts, P, offset, E, CH=ch, EB=eb, num_warps=4)
         _scan_kernel[(1,)](counts, cursor, sorted_ids, block_expert, nchunks, E, P, nb,
-                           BM=block_m, EB=eb, NBT=max(16, min(256, 4096 // eb)), num_warps=4)
+                           BM=block_m, EB=eb, NBT=max(16, min(256, 4096 // eb)), span_ptr=block_span, SPAN=span,
+                           num_warps=4)
         _scatter_kernel[(nchunks,)](ids, cursor, sorted_ids, P, offset, E, CH=ch, num_warps=4)
     else:
         block_expert.fill_(-1)
-    return AlignedPairs(sorted_ids=sorted_ids, block_expert=block_expert, num_pairs=P, block_m=block_m)
+    return AlignedPairs(sorted_ids=sorted_ids, block_expert=block_expert, num_pairs=P, block_m=block_m,
+                        block_span=block_span)
