@@ -1,7 +1,8 @@
 """Decode at batch 1 and 8 (the latency-bound end of issue 5's decode target): every config x split
-count around the heuristic's, each timed as the whole op (split + combine) and as the split kernel
-alone, from CUDA-graph replay over rotating page tables (distinct KV memory per replayed call, so
-L2 cannot serve repeats). The difference of the two is what the combine launch costs in a graph.
+count around the heuristic's, timed as the whole op from CUDA-graph replay over rotating page tables
+(distinct KV memory per replayed call, so L2 cannot serve repeats); for the shipped kernels and their
+PDL twins at the heuristic's count also behind a plain kernel that writes q (as rope does in the
+engine), and the version-1 split kernel alone (what its combine launch costs in a graph).
 """
 
 from __future__ import annotations
@@ -15,33 +16,32 @@ from dayzero.kernels.triton_attention_decode import DecodePlan, choose_num_split
 from dayzero.kernels.triton_attention import attention
 
 SCALE = D ** -0.5
-CFGS = {  # the two-kernel path (split + combine), PDL forced off / on
+CFGS = {  # the split-KV kernel + merge (shipped) and version 1 (split + combine), PDL forced off / on
+    "strided_n64": dict(BLOCK_N=64, num_warps=4, num_stages=3, PDL=False, MERGE="kernel", STRIDED=True),
+    "strided_n64_pdl": dict(BLOCK_N=64, num_warps=4, num_stages=3, PDL=True, MERGE="kernel", STRIDED=True),
     "n128w4s3": dict(BLOCK_N=128, num_warps=4, num_stages=3, PDL=False, MERGE="combine"),
-    "n128w4s3_pdl": dict(BLOCK_N=128, num_warps=4, num_stages=3, PDL=True),
-    "n64w4s3": dict(BLOCK_N=64, num_warps=4, num_stages=3, PDL=False, MERGE="combine"),
-    "n64w4s3_pdl": dict(BLOCK_N=64, num_warps=4, num_stages=3, PDL=True),
-    "n256w8s3_pdl": dict(BLOCK_N=256, num_warps=8, num_stages=3, PDL=True),
+    "n128w4s3_pdl": dict(BLOCK_N=128, num_warps=4, num_stages=3, PDL=True, MERGE="combine"),
 }
-PLAN = [(1, 1024), (1, 8192), (1, 32768), (1, 131072), (8, 8192)]
+KEYED = {"strided_n64", "strided_n64_pdl", "n128w4s3", "n128w4s3_pdl"}  # timed behind a q writer too
+V1 = {"n128w4s3", "n128w4s3_pdl"}  # DecodePlan kernels: the split kernel alone is timed too
+PLAN = [(1, 1024), (1, 8192), (1, 32768), (1, 131072), (8, 1024), (8, 8192)]
 
 
 def _splits(name: str, heur: int, L: int) -> list[int]:
     """Split counts to time for one config: around the heuristic's (96 too at long contexts)."""
-    if name == "n128w4s3":
-        want = {heur // 2, heur, 2 * heur} | ({96} if L >= 32768 else set())
-    elif name == "n256w8s3_pdl":
-        want = {heur // 2, heur}
+    if name.startswith("strided"):
+        want = {heur // 2, heur, 2 * heur}
     else:
-        want = {heur, 2 * heur}
+        want = {heur}
     return sorted(s for s in want if 2 <= s <= triton.cdiv(L, 64))
 
 
 def _us(rs: list) -> str:
     r = rs[0]
-    if r["split_only_us"] is None:
+    if r["with_writer_us"] is None:
         return f"{r['us']:6.1f} us"
-    return (f"{r['us']:6.1f} us (split alone {r['split_only_us']:6.1f}; after a q writer "
-            f"{r['with_writer_us'] - r['writer_alone_us']:6.1f})")
+    alone = "" if r["split_only_us"] is None else f"split alone {r['split_only_us']:6.1f}; "
+    return f"{r['us']:6.1f} us ({alone}after a q writer {r['with_writer_us'] - r['writer_alone_us']:6.1f})"
 
 
 def bench_decode_small(rows, ceil_bw):
@@ -61,17 +61,17 @@ def bench_decode_small(rows, ceil_bw):
                 whole = [lambda t=tables[r], cfg=cfg, ns=ns: attention(
                     q, k, v, k_pool, v_pool, t, cu, cl, sinks, SCALE, 0, max_seqlen_q=1, num_splits=ns,
                     config=cfg, out=out) for r in range(R)]
-                plan = DecodePlan.make(q, k, cl, ns, 0, cfg)
+                plan = DecodePlan.make(q, k, cl, ns, 0, cfg) if name in V1 else None
                 split_only = [lambda t=tables[r], plan=plan: launch_split(
                     plan, q, k, v, k_pool, v_pool, t, cu, cl, sinks, SCALE, 0, out) for r in range(R)]
                 # engine-like: a plain kernel that writes q (as rope does) before each call; timed with
                 # and without it, so the PDL gain is not only attention calls overlapping each other
                 sep = [lambda f=f: (q.mul_(1.0), f()) for f in whole]
-                key = name.startswith("n128w4s3") and ns == heur
+                key = name in KEYED and ns == heur
                 try:
                     us = graph_time_ms(whole) * 1e3
-                    # the split kernel alone: the default and its PDL twin at the heuristic's count
-                    us_split = graph_time_ms(split_only) * 1e3 if key else None
+                    # the version-1 split kernel alone and its PDL twin at the heuristic's count
+                    us_split = graph_time_ms(split_only) * 1e3 if key and plan is not None else None
                     us_sep = graph_time_ms(sep) * 1e3 if key else None
                     us_mul = graph_time_ms([lambda: q.mul_(1.0)] * 8) * 1e3 if key else None
                 except Exception as e:  # a variant that fails is reported, the rest still run
@@ -86,8 +86,8 @@ def bench_decode_small(rows, ceil_bw):
         here = [r for r in res if r["kind"] == "decode1" and (r["batch"], r["context"]) == (B, L)]
         if here:
             top = min(here, key=lambda r: r["us"])
-            d = [r for r in here if r["config"] == "n128w4s3" and r["num_splits"] == heur]
-            p = [r for r in here if r["config"] == "n128w4s3_pdl" and r["num_splits"] == heur]
+            d = [r for r in here if r["config"] == "strided_n64" and r["num_splits"] == heur]
+            p = [r for r in here if r["config"] == "strided_n64_pdl" and r["num_splits"] == heur]
             d_txt = f"no PDL s{heur} {_us(d)} | " if d else ""
             p_txt = f"pdl {_us(p)} | " if p else ""
             line.append(f"decode1 B={B} ctx={L:>6}: {d_txt}{p_txt}best {top['config']}/s{top['num_splits']} "

@@ -69,10 +69,15 @@ def decode_rows():
 
 def splitkv_rows():
     from dayzero.kernels import triton_attention_splitkv as F
-    base = dict(GROUP=8, G_P2=16, BS=16, HEAD_D=64, HAS_WINDOW=False, PART_BF16=False, STRIDED=True, BLOCK_N=64)
+    base = dict(GROUP=8, G_P2=16, BS=16, HEAD_D=64, HAS_WINDOW=False, PART_BF16=False, STRIDED=True, BLOCK_N=64,
+                SINGLE=False, PDL=False)
     for bn, st, strided, mx in ((64, 3, True, 0), (64, 4, True, 0), (128, 3, False, 128), (128, 3, False, 0)):
         yield check(F._decode_split2_kernel, dict(base, BLOCK_N=bn, STRIDED=strided), 4, st, maxnreg=mx)
-    yield check(F._merge_kernel, dict(GROUP=8, HEAD_D=64, S_P2=64, PART_BF16=False), 1, 3)
+    yield check(F._decode_split2_kernel, dict(base, PDL=True), 4, 3)
+    for bn, st in ((64, 3), (128, 2)):   # one split (SINGLE: writes the output itself)
+        yield check(F._decode_split2_kernel, dict(base, BLOCK_N=bn, SINGLE=True), 4, st)
+    for pdl in (False, True):
+        yield check(F._merge_kernel, dict(GROUP=8, HEAD_D=64, S_P2=64, PART_BF16=False, PDL=pdl), 1, 3)
 
 
 def window_rows():

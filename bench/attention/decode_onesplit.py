@@ -1,5 +1,7 @@
-"""The one-split decode kernel's tiles (BLOCK_N 128, the default, vs 64) at the batch sizes that take
-one split, from CUDA-graph replay; prints the rows and writes $OUT/decode-onesplit.json."""
+"""Decode at the batch sizes that take one split (B >= 64 with 8 KV heads), from CUDA-graph replay:
+the one-split kernel (BLOCK_N 128, the default) beside the strided split-KV kernel run as one split
+(its SINGLE path: each tile's pages read one tile ahead, so its K/V loads double-buffer; BLOCK_N 64 /
+128, 2-4 stages); prints the rows and writes $OUT/decode-onesplit.json."""
 import json
 import os
 import sys
@@ -14,6 +16,11 @@ from attn_common import copy_bandwidth  # noqa: E402
 
 big.PLAN = [(64, 1024), (64, 32768), (256, 8192), (64, 131072), (256, 131072)]
 big.SPLITS = (1,)
+big.CFGS = {"default": None,
+            "strided_n64_s3": dict(MERGE="kernel", STRIDED=True, BLOCK_N=64, num_stages=3),
+            "strided_n64_s4": dict(MERGE="kernel", STRIDED=True, BLOCK_N=64, num_stages=4),
+            "strided_n128_s2": dict(MERGE="kernel", STRIDED=True, BLOCK_N=128, num_stages=2),
+            "strided_n128_s3": dict(MERGE="kernel", STRIDED=True, BLOCK_N=128, num_stages=3)}
 rows: list[str] = []
 res = big.bench_decode_big(rows, copy_bandwidth())
 print("\n".join(rows))

@@ -114,9 +114,13 @@ DECODE_VARIANTS = {  # the decode configs the benchmark may pick (PDL: programma
     "kernel_bf16": dict(MERGE="kernel", PART_BF16=True, maxnreg=128),
     "kernel_n64": dict(MERGE="kernel", BLOCK_N=64),
     "kernel_strided_n64_s4": dict(MERGE="kernel", STRIDED=True, BLOCK_N=64, num_stages=4),
-    "pdl": dict(PDL=True),
-    "n64_pdl": dict(BLOCK_N=64, PDL=True),
-    "n256w8_pdl": dict(BLOCK_N=256, num_warps=8, PDL=True),
+    "pdl": dict(PDL=True),  # the default preset (strided split-KV kernel + merge) with PDL
+    "combine_pdl": dict(MERGE="combine", PDL=True),
+    "n64_pdl": dict(MERGE="combine", BLOCK_N=64, PDL=True),
+    "n256w8_pdl": dict(MERGE="combine", BLOCK_N=256, num_warps=8, PDL=True),
+    # one split through the strided split-KV kernel (SINGLE: it writes the output itself)
+    "strided_n128": dict(MERGE="kernel", STRIDED=True, BLOCK_N=128),
+    "strided_n64_s4": dict(MERGE="kernel", STRIDED=True, BLOCK_N=64, num_stages=4),
 }
 
 
@@ -211,6 +215,65 @@ def test_decode_cuda_graph_replay(pdl):
             ref = ref_ops.attention(ref, *case.args()[1:])
         assert not out.isnan().any()
         assert max(seq_errors(out, ref, case.cu_seqlens_q)) < TOL
+
+
+PDL_TWINS = {  # decode paths whose PDL launch must give the no-PDL launch's bits
+    "strided": dict(MERGE="kernel", STRIDED=True, BLOCK_N=64),
+    "combine": dict(MERGE="combine"),
+}
+
+
+@pytest.mark.parametrize("path", list(PDL_TWINS))
+@pytest.mark.parametrize("window", [0, 128])
+def test_decode_pdl_bitwise_behind_a_writer(path, window):
+    """PDL changes when kernels launch, not what they compute: in a CUDA graph and eagerly, each call
+    right behind a plain kernel that writes its q (as rope does in the engine) and followed by one that
+    reads its output, the PDL launch returns exactly the no-PDL launch's bits, replay after replay, with
+    the q sources swapped between replays and the outputs poisoned (a read ordered before its writer
+    would see a stale q, stale partials or NaN)."""
+    from dayzero.kernels.triton_attention import attention
+
+    cached = [5000, 40000, 17, 1, 129, 3000, 800, 0]
+    case = make_case([1] * len(cached), cached, window=window, sinks="mixed", seed=71 + window)
+    ns = 2 if window else 16
+    n_calls = 4
+    gen = torch.Generator(device="cuda").manual_seed(5)
+    sources = [torch.randn((n_calls, *case.q.shape), device="cuda", generator=gen).bfloat16() for _ in range(2)]
+    src = sources[0].clone()
+    args = list(case.args())
+
+    def call(q, out, pdl):
+        args[0] = q
+        attention(*args, max_seqlen_q=1, num_splits=ns, out=out, config=dict(PDL_TWINS[path], PDL=pdl))
+
+    refs = []
+    for srcs in sources:
+        refs.append([torch.empty_like(case.q) for _ in range(n_calls)])
+        for i in range(n_calls):
+            call(srcs[i], refs[-1][i], False)
+    qbuf = torch.empty_like(case.q)
+    outs = [torch.empty_like(case.q) for _ in range(n_calls)]
+    total = torch.zeros((), device="cuda")
+
+    def chain():
+        for i in range(n_calls):
+            qbuf.copy_(src[i])                    # the writer right before the attention call
+            call(qbuf, outs[i], True)
+            total.add_(outs[i].float().sum())    # a reader right after it
+
+    chain()  # compile outside capture
+    torch.cuda.synchronize()
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        chain()
+    for rep in range(24):
+        src.copy_(sources[rep % 2])
+        for o in outs:
+            o.fill_(float("nan"))
+        graph.replay() if rep % 3 else chain()   # two replays, then one eager chain
+        torch.cuda.synchronize()
+        for i in range(n_calls):
+            assert torch.equal(outs[i], refs[rep % 2][i]), f"rep {rep} call {i}: PDL output differs"
 
 
 def test_store_kv_matches_reference():

@@ -5,23 +5,22 @@ head and serves all ``GROUP = Hq // Hkv`` query heads of that KV head at once (t
 side of the tensor-core product, padded to 16), so each cached K/V byte is read once.
   * ``num_splits == 1``: the program also adds the new token's own key (from ``k``/``v``) and the
     sink, then writes the output. One launch.
-  * ``num_splits > 1`` with ``MERGE="combine"`` (sliding-window layers, PDL, or opt-in): programs
+  * ``num_splits > 1`` with ``MERGE="combine"`` (sliding-window layers, or opt-in): programs
     write partial ``(m, l, acc)`` per head; ``_combine_kernel`` merges the splits, then adds the new
     key and the sink (the sink exactly once), then writes.
   * ``num_splits > 1`` with ``MERGE="kernel"`` (full attention, default): triton_attention_splitkv.py.
 Split boundaries are computed on the device from ``cached_lens`` (the same ``num_splits`` for every
 sequence), so a launch needs no host sync and has a fixed shape per batch size: CUDA-graph safe.
-``PDL`` (config): both kernels are launched with programmatic dependent launch. The split kernel
-waits for its predecessor's grid (``gdc_wait``) before reading anything, then lets the combine
-launch; the combine reads its inputs, waits for the split kernel, then reads the partials. So the
-launch of each kernel overlaps the previous one's tail; every read of a predecessor's output still
-comes after a wait. Off by default: with PDL on wherever the KV is split (``PDL=None``, measured on
-H200, run 6: B=1 at 1k / 8k / 32k 6.8 / 11.7 / 25.5 -> 5.6 / 11.0 / 24.4 µs, B=8 at 1k 11.2 -> 10.0,
-window B=1 5.0 -> 3.8; off for one split, where the next kernel took SM slots from later waves), the
-engine's CUDA-graph and eager decode logits were no longer bitwise equal (up to 0.36 % of the
-logit scale alone, 2.8 % with other GPU work beside it; PDL off: equal), i.e. some read is not
-ordered as intended. Not found yet; ``PDL=None`` / ``True`` stay as opt-ins (bench/NOTES.md).
-PDL on always takes ``MERGE="combine"``.
+``PDL`` (config): both kernels (this module's split + combine, or triton_attention_splitkv's split +
+merge) are launched with programmatic dependent launch. The split kernel waits for its predecessor's
+grid (``gdc_wait``) before reading anything, then lets the second kernel launch; that one reads what the
+split kernel does not write, waits for the split kernel, then reads the partials. So the launch of each
+kernel overlaps the previous one's tail; every read of a predecessor's output still comes after a wait.
+``DEFAULT_PDL`` / ``DAYZERO_DECODE_PDL``: off by default since the engine's CUDA-graph and eager decode
+logits differed with it (up to 0.36 % of the logit scale alone, 2.8 % with other GPU work beside it;
+session 3); the sm_90 code orders every read as above, and the decode step is not deterministic run
+to run anyway (the small-M linear sums split-K partials with fp32 atomics in arrival order), see
+bench/NOTES.md "Session 5: decode and window".
 """
 
 from __future__ import annotations
@@ -152,26 +151,48 @@ DECODE_PRESETS = {
     "kernel_strided_n64_s4": dict(MERGE="kernel", STRIDED=True, BLOCK_N=64, num_stages=4),
 }
 DEFAULT_PRESET = "kernel_strided_n64"
+# full-attention decode with ONE split (B * Hkv >= the SM count); DAYZERO_DECODE_ONESPLIT=<name> picks
+# another: "strided_*" run triton_attention_splitkv's kernel alone (pages one tile ahead, K/V double-buffered)
+ONESPLIT_PRESETS = {
+    "default": {},                                                          # this module's kernel, BLOCK_N 128
+    "strided_n64": dict(MERGE="kernel", STRIDED=True, BLOCK_N=64),
+    "strided_n128_s2": dict(MERGE="kernel", STRIDED=True, BLOCK_N=128, num_stages=2),
+}
+DEFAULT_ONESPLIT = "default"
+# programmatic dependent launch where the KV is split (full and sliding layers): None = on when split,
+# False = never; DAYZERO_DECODE_PDL=1 / 0 overrides (the engine's GPU tests under each)
+DEFAULT_PDL = False
+
+
+def decode_pdl() -> bool | None:
+    env = os.environ.get("DAYZERO_DECODE_PDL")
+    if env is None:
+        return DEFAULT_PDL
+    if env not in ("0", "1"):
+        raise ValueError(f"DAYZERO_DECODE_PDL={env!r}: choose 0 (off) or 1 (on where the KV is split)")
+    return None if env == "1" else False
 
 
 def default_decode_config(head_dim: int, window: int = 0, split: bool = True) -> dict:
     """``PDL``: programmatic dependent launch of both kernels (True), only when the KV is split (None), or
-    never (False, the default: see the module docstring). ``MERGE`` (more than one split, PDL off):
-    "kernel": triton_attention_splitkv.py (split kernel with the new key and sink in split 0,
+    never (False; ``decode_pdl()`` gives the default: see the module docstring). ``MERGE`` (more than one
+    split): "kernel": triton_attention_splitkv.py (split kernel with the new key and sink in split 0,
     ``STRIDED`` tiles; then its ``_merge_kernel``), the default for full attention (run 9: faster at
     B = 1 and 8); "combine": this module's split kernel + ``_combine_kernel``, the default for
     sliding-window layers (2 splits: 5.1 vs 5.5 us at B=1 in run 9). One split (``split=False``):
     this module's kernel with its own tiles; the preset's tiles are the split-KV kernel's only (with
-    them, one split ran BLOCK_N 64: 3.76 TB/s at B=256 / 128k in the closing call of session 4)."""
+    them, one split ran BLOCK_N 64: 3.76 TB/s at B=256 / 128k in the closing call of session 4);
+    ``MERGE="kernel", STRIDED=True`` in ``config`` runs triton_attention_splitkv's kernel instead."""
+    pdl = decode_pdl()
     if window > 0:
-        return dict(BLOCK_N=64, num_warps=4, num_stages=2, PDL=False, MERGE="combine")
-    cfg = dict(BLOCK_N=128, num_warps=4, num_stages=3, PDL=False, MERGE="combine")
-    if not split:
-        return cfg
-    preset = os.environ.get("DAYZERO_DECODE_ATTENTION", DEFAULT_PRESET)
-    if preset not in DECODE_PRESETS:
-        raise ValueError(f"DAYZERO_DECODE_ATTENTION={preset!r}: choose one of {', '.join(DECODE_PRESETS)}")
-    cfg.update(DECODE_PRESETS[preset])
+        return dict(BLOCK_N=64, num_warps=4, num_stages=2, PDL=pdl, MERGE="combine")
+    cfg = dict(BLOCK_N=128, num_warps=4, num_stages=3, PDL=pdl, MERGE="combine")
+    env, presets, default = (("DAYZERO_DECODE_ATTENTION", DECODE_PRESETS, DEFAULT_PRESET) if split else
+                             ("DAYZERO_DECODE_ONESPLIT", ONESPLIT_PRESETS, DEFAULT_ONESPLIT))
+    preset = os.environ.get(env, default)
+    if preset not in presets:
+        raise ValueError(f"{env}={preset!r}: choose one of {', '.join(presets)}")
+    cfg.update(presets[preset])
     return cfg
 
 
@@ -187,10 +208,10 @@ def decode_attention(q, k, v, k_cache, v_cache, block_tables, cu_seqlens_q, cach
         raise ValueError(f"decode attention: MERGE must be 'combine' or 'kernel', got {merge!r}")
     if not cfg.get("maxnreg", 1):
         cfg.pop("maxnreg")   # maxnreg=0: no cap
-    if num_splits > 1 and merge == "kernel" and not pdl:
+    if merge == "kernel" and (num_splits > 1 or (cfg.get("STRIDED") and window == 0)):
         cfg.pop("PDL")
         return splitkv_decode(cfg, num_splits, q, k, v, k_cache, v_cache, block_tables, cu_seqlens_q,
-                              cached_lens, sinks, scale * LOG2E, window, out)
+                              cached_lens, sinks, scale * LOG2E, window, out, pdl=pdl)
     plan = DecodePlan.make(q, k, cached_lens, num_splits, window, config)
     launch_split(plan, q, k, v, k_cache, v_cache, block_tables, cu_seqlens_q, cached_lens, sinks, scale,
                  window, out)

@@ -15,6 +15,9 @@ from version 1 (``_decode_split_kernel`` + ``_combine_kernel``):
     Triton's pipeline double-buffers them (BLOCK_N 64, 3 stages: 37 KB, 72 registers, 6 programs
     per SM on sm_90). Run 9 on H200: B=1 at 1k / 8k / 32k / 128k 5.7 / 11.2 / 24.1 / 71.8 us vs
     version 1's 6.2 / 11.7 / 25.2 / 73.2 (bench/NOTES.md).
+With one split (``SINGLE``; opt-in for full attention at B >= 64, ``DAYZERO_DECODE_ONESPLIT``) the split
+kernel normalises and writes the output itself (no partials, no merge). ``PDL``: both kernels launched
+with programmatic dependent launch (triton_attention_decode's docstring).
 Partials are fp32 ``(m, l, acc)`` laid out ``[B, Hkv, S, GROUP(, D)]`` (``PART_BF16``: acc / l in
 bf16). Split boundaries come from ``cached_lens`` on the device: no host sync, fixed shapes per
 batch size (CUDA-graph safe). A folded variant (the last program per (sequence, KV head) merging
@@ -27,6 +30,9 @@ from __future__ import annotations
 import torch
 import triton
 import triton.language as tl
+from triton.language.extra.cuda import gdc_launch_dependents, gdc_wait
+
+from .triton_moe_gemm import interpreting
 
 
 @triton.jit
@@ -97,13 +103,16 @@ def group_query(q_ptr, q_row, hkv, stride_qt, stride_qh, GROUP: tl.constexpr, G_
 
 @triton.jit
 def _decode_split2_kernel(q_ptr, k_ptr, v_ptr, kc_ptr, vc_ptr, bt_ptr, cu_ptr, cl_ptr, sink_ptr,
-                          mp_ptr, lp_ptr, op_ptr,
+                          o_ptr, mp_ptr, lp_ptr, op_ptr,
                           stride_qt, stride_qh, stride_kt, stride_kh, stride_vt, stride_vh,
                           stride_kcb, stride_kct, stride_kch, stride_vcb, stride_vct, stride_vch,
-                          stride_bt, qk_scale, window, num_splits, bt_cols,
+                          stride_bt, stride_ot, stride_oh, qk_scale, window, num_splits, bt_cols,
                           GROUP: tl.constexpr, G_P2: tl.constexpr, BS: tl.constexpr, HEAD_D: tl.constexpr,
                           BLOCK_N: tl.constexpr, HAS_WINDOW: tl.constexpr, PART_BF16: tl.constexpr,
-                          STRIDED: tl.constexpr):
+                          STRIDED: tl.constexpr, SINGLE: tl.constexpr, PDL: tl.constexpr):
+    if PDL:  # nothing is read before the previous grid is done and visible; then the merge may launch
+        gdc_wait()
+        gdc_launch_dependents()
     s = tl.program_id(0)
     hkv = tl.program_id(1)
     b = tl.program_id(2)
@@ -152,6 +161,10 @@ def _decode_split2_kernel(q_ptr, k_ptr, v_ptr, kc_ptr, vc_ptr, bt_ptr, cu_ptr, c
                                             v_ptr + q_row64 * stride_vt + hkv * stride_vh, offs_d,
                                             sink_ptr, heads, g_ok, qk_scale, m_i, l_i, acc)
 
+    if SINGLE:  # one split (num_splits == 1): normalise and write the output, no partials
+        tl.store(o_ptr + q_row64 * stride_ot + heads[:, None] * stride_oh + offs_d[None, :],
+                 (acc / l_i[:, None]).to(o_ptr.dtype.element_ty), mask=g_ok[:, None])
+        return
     seq_head = (b * n_kv + hkv).to(tl.int64)
     row = (seq_head * num_splits + s) * GROUP + offs_g                        # [G] partial rows
     tl.store(mp_ptr + row, m_i, mask=g_ok)
@@ -165,8 +178,11 @@ def _decode_split2_kernel(q_ptr, k_ptr, v_ptr, kc_ptr, vc_ptr, bt_ptr, cu_ptr, c
 
 @triton.jit
 def _merge_kernel(cu_ptr, o_ptr, mp_ptr, lp_ptr, op_ptr, stride_ot, stride_oh, num_splits,
-                  GROUP: tl.constexpr, HEAD_D: tl.constexpr, S_P2: tl.constexpr, PART_BF16: tl.constexpr):
-    """Grid (Hq, B): merge one head's split partials (split 0 holds the new key and the sink)."""
+                  GROUP: tl.constexpr, HEAD_D: tl.constexpr, S_P2: tl.constexpr, PART_BF16: tl.constexpr,
+                  PDL: tl.constexpr):
+    """Grid (Hq, B): merge one head's split partials (split 0 holds the new key and the sink).
+    ``PDL``: launched while the split kernel runs; cu (which the split kernel does not write, and which
+    its programs read only after their own wait) is read first, the partials only after the wait."""
     h = tl.program_id(0)
     b = tl.program_id(1)
     offs_s = tl.arange(0, S_P2)
@@ -174,12 +190,19 @@ def _merge_kernel(cu_ptr, o_ptr, mp_ptr, lp_ptr, op_ptr, stride_ot, stride_oh, n
     s_ok = offs_s < num_splits
     n_kv = tl.num_programs(0) // GROUP
     row = ((b * n_kv + h // GROUP).to(tl.int64) * num_splits + offs_s) * GROUP + h % GROUP     # [S]
-    # the partials' addresses depend on no load: they are read together with cu
+    if PDL:
+        q_row = tl.load(cu_ptr + b)
+        q_end = tl.load(cu_ptr + b + 1)
+        gdc_wait()
+        gdc_launch_dependents()
+    # the partials' addresses depend on no load: without PDL they are read together with cu
     m_s = tl.load(mp_ptr + row, mask=s_ok, other=-1.0e30)
     l_s = tl.load(lp_ptr + row, mask=s_ok, other=0.0)
     o_s = tl.load(op_ptr + row[:, None] * HEAD_D + offs_d[None, :], mask=s_ok[:, None], other=0.0)
-    q_row = tl.load(cu_ptr + b)
-    if tl.load(cu_ptr + b + 1) == q_row:
+    if not PDL:
+        q_row = tl.load(cu_ptr + b)
+        q_end = tl.load(cu_ptr + b + 1)
+    if q_end == q_row:
         return
     w = tl.math.exp2(m_s - tl.max(m_s, 0))                                          # [S]
     wl = l_s * w
@@ -191,28 +214,37 @@ def _merge_kernel(cu_ptr, o_ptr, mp_ptr, lp_ptr, op_ptr, stride_ot, stride_oh, n
 
 
 def splitkv_decode(cfg: dict, num_splits: int, q, k, v, k_cache, v_cache, block_tables, cu_seqlens_q,
-                   cached_lens, sinks, qk_scale: float, window: int, out: torch.Tensor) -> torch.Tensor:
+                   cached_lens, sinks, qk_scale: float, window: int, out: torch.Tensor, pdl: bool = False) -> torch.Tensor:
     """Split kernel, then ``_merge_kernel`` (``cfg``: BLOCK_N, STRIDED (full attention only), PART_BF16,
-    num_warps, num_stages, maxnreg)."""
+    num_warps, num_stages, maxnreg). ``num_splits == 1``: the split kernel alone writes ``out``.
+    ``pdl``: both kernels launched with programmatic dependent launch (ignored by the interpreter)."""
     cfg = dict(cfg)
     bn = cfg.pop("BLOCK_N")
     part_bf16 = bool(cfg.pop("PART_BF16", False))
     strided = bool(cfg.pop("STRIDED", False)) and window == 0
+    pdl = bool(pdl) and not interpreting()
+    extra = dict(launch_pdl=True) if pdl else {}
     B, Hkv, D = cached_lens.shape[0], k.shape[1], q.shape[2]
     group = q.shape[1] // Hkv
-    mp = torch.empty((B, Hkv, num_splits, group), device=q.device, dtype=torch.float32)
-    lp = torch.empty_like(mp)
-    op = torch.empty((B, Hkv, num_splits, group, D), device=q.device,
-                     dtype=torch.bfloat16 if part_bf16 else torch.float32)
+    single = num_splits == 1
+    if single:  # unused by the kernel (SINGLE)
+        mp = lp = op = out
+    else:
+        mp = torch.empty((B, Hkv, num_splits, group), device=q.device, dtype=torch.float32)
+        lp = torch.empty_like(mp)
+        op = torch.empty((B, Hkv, num_splits, group, D), device=q.device,
+                         dtype=torch.bfloat16 if part_bf16 else torch.float32)
     _decode_split2_kernel[(num_splits, Hkv, B)](
-        q, k, v, k_cache, v_cache, block_tables, cu_seqlens_q, cached_lens, sinks, mp, lp, op,
+        q, k, v, k_cache, v_cache, block_tables, cu_seqlens_q, cached_lens, sinks, out, mp, lp, op,
         q.stride(0), q.stride(1), k.stride(0), k.stride(1), v.stride(0), v.stride(1),
         k_cache.stride(0), k_cache.stride(1), k_cache.stride(2),
         v_cache.stride(0), v_cache.stride(1), v_cache.stride(2),
-        block_tables.stride(0), qk_scale, window, num_splits, block_tables.shape[1],
+        block_tables.stride(0), out.stride(0), out.stride(1), qk_scale, window, num_splits, block_tables.shape[1],
         GROUP=group, G_P2=max(16, triton.next_power_of_2(group)), BS=k_cache.shape[1], HEAD_D=D, BLOCK_N=bn,
-        HAS_WINDOW=window > 0, PART_BF16=part_bf16, STRIDED=strided, **cfg)
+        HAS_WINDOW=window > 0, PART_BF16=part_bf16, STRIDED=strided, SINGLE=single, PDL=pdl, **cfg, **extra)
+    if single:
+        return out
     _merge_kernel[(q.shape[1], B)](cu_seqlens_q, out, mp, lp, op, out.stride(0), out.stride(1), num_splits,
                                    GROUP=group, HEAD_D=D, S_P2=max(2, triton.next_power_of_2(num_splits)),
-                                   PART_BF16=part_bf16, num_warps=1)
+                                   PART_BF16=part_bf16, PDL=pdl, num_warps=1, **extra)
     return out
