@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import pathlib
 import sys
 import traceback
@@ -34,6 +35,7 @@ CHUNKED = (4096, 28672)  # new tokens, paged prefix
 
 def _call(p: dict, cfg: dict, out: torch.Tensor, n: int):
     from dayzero.kernels.triton_attention import attention
+    os.environ["DAYZERO_PREFILL_GLUON"] = "0"   # the Triton kernel's variants, not the Gluon path of the op
     return attention(p["q"], p["k"], p["v"], p["k_cache"], p["v_cache"], p["block_tables"], p["cu_seqlens_q"],
                      p["cached_lens"], p["sinks"], SCALE, 0, max_seqlen_q=n, out=out,
                      config=dict(KERNEL="flash", **cfg))

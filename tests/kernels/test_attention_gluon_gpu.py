@@ -119,7 +119,7 @@ def _run(case, cfg_name: str) -> list[float]:
 
 
 # = gluon_attention_prefill.RUN_CONFIGS (checked below)
-ALL_CFGS = ["pp2", "pp2_persist", "pp2_nopin", "pp2_free", "pp3_n64"]
+ALL_CFGS = ["pp3_nopin", "pp2_nopin", "pp2_persist_nopin"]
 # DAYZERO_GLUON_CFGS=a,b: only these (gluon_prefill_run.sh tests one configuration per process, so a
 # configuration that hangs on the GPU is cut by its own timeout)
 CFGS = [c for c in os.environ.get("DAYZERO_GLUON_CFGS", "").split(",") if c] or ALL_CFGS
@@ -193,7 +193,7 @@ def test_gpu_unsupported_calls_raise():
         G.prefill_attention(*wide.args(), 100, torch.empty_like(wide.q))
 
 
-# ---------------------------------------------------------------- the registered op's opt-in path ----
+# ---------------------------------------------------------------- the registered op's Gluon path ----
 
 @pytest.mark.gpu
 @pytest.mark.skipif(not CUDA, reason="needs a CUDA GPU")
@@ -203,20 +203,18 @@ def test_gpu_registered_dispatch(cfg, monkeypatch):
     full-causal calls without a cached prefix (``max_seqlen_k`` 0, or not given: checked on the host) and the
     Triton kernel for a prefix, a window or max_seqlen_k > 0; every output matches the reference."""
     _gluon()
-    from dayzero.kernels.registry import REGISTRY
+    from dayzero.kernels.triton_attention import attention
     from dayzero.kernels.triton_attention_prefill import GLUON_ENV, gluon_prefill_choice
 
-    attention = REGISTRY.impls["triton"]["attention"]
     monkeypatch.setenv(GLUON_ENV, cfg)
     plain = make_case([300, 129, 1], [0, 0, 0], sinks="mixed", seed=31, device="cuda")
     prefixed = make_case([300, 129], [0, 77], sinks="mixed", seed=32, device="cuda")
     windowed = make_case([300, 129], [0, 0], window=128, seed=33, device="cuda")
-    for case, window, max_k, want in [(plain, 0, None, cfg), (plain, 0, 0, cfg), (plain, 0, 5, None),
-                                      (prefixed, 0, None, None), (prefixed, 0, 77, None),
-                                      (windowed, 128, 0, None)]:
+    for case, max_k, want in [(plain, None, cfg), (plain, 0, cfg), (plain, 5, None), (prefixed, None, None),
+                              (prefixed, 77, None), (windowed, 0, None)]:
         out = torch.full_like(case.q, float("nan"))
-        got = gluon_prefill_choice(case.q, case.k, case.v, out, window, None, case.cached_lens, max_k)
-        assert got == want, (window, max_k, got)
+        got = gluon_prefill_choice(case.q, case.k, case.v, out, case.window, None, case.cached_lens, max_k)
+        assert got == want, (case.window, max_k, got)
         ref = ref_ops.attention(*case.args())
         res = attention(*case.args(), max_seqlen_q=300, max_seqlen_k=max_k, out=out)
         torch.cuda.synchronize()
@@ -226,3 +224,19 @@ def test_gpu_registered_dispatch(cfg, monkeypatch):
         attention(*plain.args(), max_seqlen_q=300, max_seqlen_k=0)
     monkeypatch.setenv(GLUON_ENV, "0")
     assert gluon_prefill_choice(plain.q, plain.k, plain.v, plain.q, 0, None, plain.cached_lens, 0) is None
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not CUDA, reason="needs a CUDA GPU")
+def test_gpu_registered_default(monkeypatch):
+    """Without the variable the op takes ``GLUON_DEFAULT`` (a config of CONFIGS) on a Hopper GPU, and a
+    caller's tile config keeps the Triton kernel."""
+    G = _gluon()
+    from dayzero.kernels.triton_attention_prefill import GLUON_DEFAULT, GLUON_ENV, gluon_prefill_choice
+
+    monkeypatch.delenv(GLUON_ENV, raising=False)
+    assert GLUON_DEFAULT in G.CONFIGS
+    c = make_case([200], [0], seed=35, device="cuda")
+    hopper = torch.cuda.get_device_capability() == (9, 0)
+    assert gluon_prefill_choice(c.q, c.k, c.v, c.q, 0, None, c.cached_lens, 0) == (GLUON_DEFAULT if hopper else None)
+    assert gluon_prefill_choice(c.q, c.k, c.v, c.q, 0, dict(BLOCK_M=64), c.cached_lens, 0) is None

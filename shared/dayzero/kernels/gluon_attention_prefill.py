@@ -1,9 +1,13 @@
 """FA3-style causal prefill attention with sinks in Gluon (Hopper, sm_90): ping-pong consumer warpgroups.
 
-OPT-IN and not yet run on a GPU (built for sm_90 on the CPU only, session 4): nothing registers or
-selects it. Supported case: full causal (no window), head dim 64, bf16 q/k/v, any GQA group, and NO cached
-prefix: the keys are the new k/v of the call (``cached_lens`` all zero), read through TMA from the
-contiguous [T, H, D] tensors. ``prefill_attention`` checks this and raises ``ValueError`` otherwise.
+The registered attention op runs it (config ``pp3_nopin``) where it applies, and the Triton kernel
+everywhere else: ``triton_attention_prefill.gluon_prefill_choice`` (DAYZERO_PREFILL_GLUON=0 turns it off).
+First run on an H200 in session 5 (bench/NOTES.md "Gluon prefill on the GPU"): every configuration
+passes its tests; pp3_nopin is 8 / 17 / 14 % faster than the Triton kernel at 8k / 32k / 128k tokens, the
+two-warpgroup ones are level with it. Supported case: full causal (no window), head dim 64, bf16 q/k/v,
+any GQA group, and NO cached prefix: the keys are the new k/v of the call (``cached_lens`` all zero),
+read through TMA from the contiguous [T, H, D] tensors. ``prefill_attention`` checks this and raises
+``ValueError`` otherwise.
 
 Why (bench/NOTES.md, "The two numbers"): at head dim 64 the exp unit and the tensor core need about
 the same time per score, so a program that runs QK^T, softmax, PV in turn leaves one of them idle. Here
@@ -30,7 +34,9 @@ tokens) and one producer warp:
 Rows of a tile past the sequence's end read the next sequence's q/k/v (finite) or TMA zero fill past T;
 their outputs are never stored, and keys past the end are masked for every stored row (key <= query).
 
-Configurations (``CONFIGS``): pp2 (the design), pp2_persist (the same, persistent: one CTA per SM walks
+Configurations (``CONFIGS``): pp3_nopin (``DEFAULT``: 3 consumer warpgroups, 128-key tiles, 160
+registers each, no pin, P carried as the bf16 A operand so that it builds without spills), pp2 (two
+warpgroups, the session-4 design), pp2_persist (the same, persistent: one CTA per SM walks
 the work items, ``gluon_attention_prefill_persistent``), pp2_nopin (ptxas's order), pp2_free (no turns),
 pp2_s3 (3 K/V stages), pp3_n64 (3 warpgroups, 64-key tiles, 160 registers); pp3 (3 warpgroups, 128-key
 tiles) spills in its sm_90 build and is not run. ``bench/attention/gluon_prefill_compile.py`` reports the
@@ -82,17 +88,18 @@ class GluonPrefillConfig:
         return 64 * self.nwg
 
 
-DEFAULT = GluonPrefillConfig()
 NWG3 = GluonPrefillConfig(nwg=3, consumer_regs=160, producer_regs=24, maxnreg=128)
-CONFIGS = {"pp2": DEFAULT, "pp2_nopin": GluonPrefillConfig(pin=False), "pp2_free": GluonPrefillConfig(pingpong=False),
+CONFIGS = {"pp2": GluonPrefillConfig(), "pp2_nopin": GluonPrefillConfig(pin=False),
+           "pp2_free": GluonPrefillConfig(pingpong=False),
            "pp2_s3": GluonPrefillConfig(stages=3), "pp2_persist": GluonPrefillConfig(persistent=True),
            "pp3_n64": GluonPrefillConfig(nwg=3, block_n=64, consumer_regs=160, producer_regs=24, maxnreg=128),
            "pp3": NWG3,
            "pp3_nopin": GluonPrefillConfig(nwg=3, consumer_regs=160, producer_regs=24, maxnreg=128, pin=False,
                                            carry_a=True),
            "pp2_persist_nopin": GluonPrefillConfig(persistent=True, pin=False)}
-# what gluon_prefill_run.sh tests and times: the configurations whose sm_90 build does not spill
-RUN_CONFIGS = ("pp2", "pp2_persist", "pp2_nopin", "pp2_free", "pp3_n64")
+DEFAULT = CONFIGS["pp3_nopin"]
+# what gluon_prefill_run.sh tests and times by default: the fastest three of session 5 (bench/NOTES.md)
+RUN_CONFIGS = ("pp3_nopin", "pp2_nopin", "pp2_persist_nopin")
 
 
 @gluon.jit

@@ -1,8 +1,10 @@
 """Persistent variant of the Gluon ping-pong causal prefill (``gluon_attention_prefill``; read its docstring).
 
-OPT-IN, not yet run on a GPU (sm_90 build on the CPU only). Same supported case, tiles, softmax, turns and
-epilogue; what changes is the CTA's lifetime. One CTA per SM walks the work items (query tile, head,
-sequence), longest query tiles first, CTA i taking items i, i + P, i + 2P, ... so that:
+Opt-in (not the registered op's default): on the H200 (session 5) it passes its tests and gains at 8k
+over the non-persistent two-warpgroup kernel (+3 %) but loses at 128k (-9 %); see bench/NOTES.md. Same
+supported case, tiles, softmax, turns and epilogue; what changes is the CTA's lifetime. One CTA per SM
+walks the work items (query tile, head, sequence), longest query tiles first, CTA i taking items i, i + P,
+i + 2P, ... so that:
   * the producer runs ahead into the next item: it loads the next item's Q (two Q buffers, released by
     both consumers at the end of an item: ``q_empty``) and its first K/V tiles while the consumers finish
     the current item, so a CTA's Q load and first-tile latency are hidden after its first item (with one

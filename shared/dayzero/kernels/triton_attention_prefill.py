@@ -205,19 +205,23 @@ def _tma_ok(t: torch.Tensor) -> bool:
 
 
 GLUON_ENV = "DAYZERO_PREFILL_GLUON"
+# The Gluon configuration the registered op uses where it applies (session 5, bench/NOTES.md "Gluon prefill on
+# the GPU"): 3 consumer warpgroups x 64 rows, 128-key tiles; +8 / +17 / +14 % over this kernel at 8k / 32k /
+# 128k tokens in the same call. DAYZERO_PREFILL_GLUON=0 turns it off, =<config> picks another.
+GLUON_DEFAULT = "pp3_nopin"
 
 
 def gluon_prefill_choice(q, k, v, out, window: int, config: dict | None, cached_lens,
                          max_seqlen_k: int | None) -> str | None:
     """The ``gluon_attention_prefill`` configuration that runs this call, or None (this module's kernel).
 
-    Opt-in: the environment variable DAYZERO_PREFILL_GLUON names a configuration of
-    ``gluon_attention_prefill.CONFIGS`` (unset, empty or "0": off; an unknown name: ValueError). The Gluon
-    kernel then runs the one case it supports and this kernel everything else: no tile config from the
-    caller, full causal, head dim 64, bf16, TMA-able rows, a Hopper GPU (sm_90), and no cached prefix:
-    ``max_seqlen_k == 0`` (the largest cached length; the engine passes it), or, when the caller passes
-    none, ``cached_lens`` all zero, read on the host (one device sync per call)."""
-    name = os.environ.get(GLUON_ENV, "")
+    DAYZERO_PREFILL_GLUON names a configuration of ``gluon_attention_prefill.CONFIGS`` (default
+    ``GLUON_DEFAULT``; "0" or empty: off; an unknown name: ValueError). The Gluon kernel runs the one case
+    it supports and this kernel everything else: no tile config from the caller, full causal, head dim
+    64, bf16, TMA-able rows, a Hopper GPU (sm_90), and no cached prefix: ``max_seqlen_k == 0`` (the
+    largest cached length; the engine passes it), or, when the caller passes none, ``cached_lens`` all
+    zero, read on the host (one device sync per call; never while a CUDA graph is being captured)."""
+    name = os.environ.get(GLUON_ENV, GLUON_DEFAULT)
     if name in ("", "0"):
         return None
     from .gluon_attention_prefill import CONFIGS
@@ -233,6 +237,8 @@ def gluon_prefill_choice(q, k, v, out, window: int, config: dict | None, cached_
     except ValueError:
         return None
     if max_seqlen_k is None:
+        if torch.cuda.is_current_stream_capturing():
+            return None
         return None if bool((cached_lens != 0).any()) else name   # host sync
     return name if max_seqlen_k == 0 else None
 
@@ -240,8 +246,9 @@ def gluon_prefill_choice(q, k, v, out, window: int, config: dict | None, cached_
 def prefill_attention(q, k, v, k_cache, v_cache, block_tables, cu_seqlens_q, cached_lens, sinks,
                       scale: float, window: int, max_seqlen_q: int, out: torch.Tensor,
                       config: dict | None = None, max_seqlen_k: int | None = None) -> torch.Tensor:
-    """Launch the prefill kernel; ``max_seqlen_q`` sizes the grid (no device sync here, unless the opt-in
-    Gluon path is selected and ``max_seqlen_k`` is not given: ``gluon_prefill_choice``)."""
+    """Launch the prefill kernel (or, where it applies, the Gluon one: ``gluon_prefill_choice``);
+    ``max_seqlen_q`` sizes the grid. No device sync here, unless the Gluon kernel could apply and the
+    caller does not pass ``max_seqlen_k`` (then ``cached_lens`` is read once on the host)."""
     gluon = gluon_prefill_choice(q, k, v, out, window, config, cached_lens, max_seqlen_k)
     if gluon is not None:
         from .gluon_attention_prefill import CONFIGS, prefill_attention as gluon_prefill
