@@ -62,9 +62,9 @@ WINDOW_CFGS = {
     "win_r64w4_tma_reg96": _wcfg(64, 4, maxnreg=96),
     "win_r128w8_tma": _wcfg(128, 8),
 }
-DECODE_CFGS = {  # the shipped split-KV kernel (strided BLOCK_N 64) first, PDL forced off; then with PDL
-    "kernel_strided_n64": dict(BLOCK_N=64, num_warps=4, num_stages=3, MERGE="kernel", STRIDED=True, PDL=False),
+DECODE_CFGS = {  # the shipped split-KV kernel (strided BLOCK_N 64, PDL where split: run 10) first; then PDL off
     "kernel_strided_n64_pdl": dict(BLOCK_N=64, num_warps=4, num_stages=3, MERGE="kernel", STRIDED=True, PDL=None),
+    "kernel_strided_n64": dict(BLOCK_N=64, num_warps=4, num_stages=3, MERGE="kernel", STRIDED=True, PDL=False),
     "n128w4s3": dict(BLOCK_N=128, num_warps=4, num_stages=3, MERGE="combine", PDL=False),   # version 1
     "kernel_strided_n64_s4": dict(BLOCK_N=64, num_warps=4, num_stages=4, MERGE="kernel", STRIDED=True, PDL=False),
 }
@@ -72,8 +72,8 @@ DECODE_CFGS = {  # the shipped split-KV kernel (strided BLOCK_N 64) first, PDL f
 # strided BLOCK_N 32 (no faster; failed the engine's graph-vs-eager test)
 SWEPT = {"n128w4s3"}  # also timed at every split count at B = 1 (besides the default)
 WINDOW_DECODE_CFGS = {  # the second entry of each table is the quick mode's alternative
+    "n64w4s2_pdl": dict(BLOCK_N=64, num_warps=4, num_stages=2, PDL=None),   # shipped since run 10
     "n64w4s2": dict(BLOCK_N=64, num_warps=4, num_stages=2, PDL=False),
-    "n64w4s2_pdl": dict(BLOCK_N=64, num_warps=4, num_stages=2, PDL=None),
     "n64w4s2_kernel": dict(BLOCK_N=64, num_warps=4, num_stages=2, MERGE="kernel", PDL=False),
 }
 WINDOW = 128

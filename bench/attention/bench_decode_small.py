@@ -7,6 +7,8 @@ engine), and the version-1 split kernel alone (what its combine launch costs in 
 
 from __future__ import annotations
 
+import os
+
 import torch
 import triton
 
@@ -25,6 +27,8 @@ CFGS = {  # the split-KV kernel + merge (shipped) and version 1 (split + combine
 KEYED = {"strided_n64", "strided_n64_pdl", "n128w4s3", "n128w4s3_pdl"}  # timed behind a q writer too
 V1 = {"n128w4s3", "n128w4s3_pdl"}  # DecodePlan kernels: the split kernel alone is timed too
 PLAN = [(1, 1024), (1, 8192), (1, 32768), (1, 131072), (8, 1024), (8, 8192)]
+if os.environ.get("DECODE1_PLAN"):  # e.g. "1:2048,1:4096" (batch:context)
+    PLAN = [tuple(int(x) for x in p.split(":")) for p in os.environ["DECODE1_PLAN"].split(",")]
 
 
 def _splits(name: str, heur: int, L: int) -> list[int]:

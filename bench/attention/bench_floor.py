@@ -39,7 +39,8 @@ def _empty_kernel(x_ptr, PDL: tl.constexpr):
 
 @triton.jit
 def _chain_kernel(cu_ptr, cl_ptr, bt_ptr, kc_ptr, out_ptr, stride_bt, stride_kcb, stride_kch,
-                  BLOCK_N: tl.constexpr, HEAD_D: tl.constexpr, BS_: tl.constexpr, PDL: tl.constexpr):
+                  BLOCK_N: tl.constexpr, HEAD_D: tl.constexpr, BS_: tl.constexpr, HKV_: tl.constexpr,
+                  PDL: tl.constexpr):
     if PDL:
         gdc_wait()
         gdc_launch_dependents()
@@ -52,7 +53,7 @@ def _chain_kernel(cu_ptr, cl_ptr, bt_ptr, kc_ptr, out_ptr, stride_bt, stride_kcb
     pos = (s * BLOCK_N + offs_n) % tl.maximum(ctx, 1)
     blk = tl.load(bt_ptr + b * stride_bt + pos // BS_).to(tl.int64)                       # [BN]
     offs_d = tl.arange(0, HEAD_D)
-    kt = tl.load(kc_ptr + blk[:, None] * stride_kcb + h * stride_kch + (pos % BS_)[:, None] * (HKV * HEAD_D)
+    kt = tl.load(kc_ptr + blk[:, None] * stride_kcb + h * stride_kch + (pos % BS_)[:, None] * (HKV_ * HEAD_D)
                  + offs_d[None, :])                                                         # [BN, D]
     tl.store(out_ptr + ((q_row * tl.num_programs(1) + h) * tl.num_programs(0) + s), tl.sum(tl.sum(kt.to(tl.float32), 1), 0))
 
@@ -77,7 +78,8 @@ def main() -> int:
 
     def chain(t, pdl):
         return lambda: _chain_kernel[GRID](cu, cl, t, kc, out, t.stride(0), kc.stride(0), kc.stride(2), BLOCK_N=64,
-                                           HEAD_D=D, BS_=BS, PDL=pdl, **(dict(launch_pdl=True) if pdl else {}))
+                                           HEAD_D=D, BS_=BS, HKV_=HKV, PDL=pdl,
+                                           **(dict(launch_pdl=True) if pdl else {}))
 
     rows, res = [], []
     for pdl in (False, True):

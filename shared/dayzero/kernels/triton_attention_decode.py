@@ -131,15 +131,21 @@ def choose_num_splits(batch: int, num_kv_heads: int, max_kv_len: int, window: in
                       num_sms: int = 132) -> int:
     """Splits per sequence: one once the batch alone fills the SMs, else a power of two near 4
     programs per SM (odd counts leave a ragged last wave: 17 splits ran 14 % slower than 16 at
-    B=8/128k; at B=8, 8 splits beat 16 at 1k-128k, and B=1 is best at 64), at most 64 and at least
-    64 keys per split (measured on H200, bench/NOTES.md)."""
+    B=8/128k; at B=8, 8 splits beat 16 at 1k-128k, and B=1 is best at 64 from 32k on), at most 64 and
+    at least 64 keys per split; above 16 splits, at least 256 keys per split (B=1 at 8k: 32 splits
+    beat 64 in runs 9 and 10, 9.7 vs 10.6 us with PDL; at 1k 16 splits of 64 keys beat 8) (measured on
+    H200, bench/NOTES.md)."""
     kv = min(max_kv_len, window) if window > 0 else max_kv_len
     progs = batch * num_kv_heads
     if progs >= num_sms:
         return 1
     want = max(1, (4 * num_sms) // progs)
     want = 1 << (want.bit_length() - 1)  # round down to a power of two
-    return int(max(1, min(64, want, triton.cdiv(max(kv, 1), 64))))
+    splits = int(max(1, min(64, want, triton.cdiv(max(kv, 1), 64))))
+    if splits > 16:
+        by_len = max(1, kv // 256)
+        splits = max(16, min(splits, 1 << (by_len.bit_length() - 1)))
+    return splits
 
 
 # full-attention decode with more than one split; DAYZERO_DECODE_ATTENTION=<name> picks another preset
@@ -161,7 +167,7 @@ ONESPLIT_PRESETS = {
 DEFAULT_ONESPLIT = "default"
 # programmatic dependent launch where the KV is split (full and sliding layers): None = on when split,
 # False = never; DAYZERO_DECODE_PDL=1 / 0 overrides (the engine's GPU tests under each)
-DEFAULT_PDL = False
+DEFAULT_PDL: bool | None = None   # run 10: faster wherever the KV is split; engine graph tests passed
 
 
 def decode_pdl() -> bool | None:
