@@ -2,8 +2,12 @@
 ``VARIANTS``) vs the aligned small-M path of ``triton_moe`` (``MoeRun(small=True)``: 3 align launches,
 gate_up, down, combine). (Runs 1-4 also timed session 2's two-launch path, removed after run 4.)
 
-    PYTHONPATH=shared python bench/moe/bench_small.py --out DIR [--quick] [--jobs N]
-    (MOE_SMALL_VARIANTS=bn64,bn128 times only those split-K candidates)
+    PYTHONPATH=shared python bench/moe/bench_small.py --out DIR [--quick] [--jobs N] [--floor]
+    (MOE_SMALL_VARIANTS=bn64,bn128 times only those split-K candidates at T <= 8,
+     MOE_SMALL_BIG_VARIANTS those at T >= 16: default every candidate at every T)
+
+``--floor`` first measures what a T = 1 call cannot beat here (``floor_small.py``: two empty launches,
+pure reads of the same weight bytes with the same grid shape), rows ``section=floor``.
 
 Compiling every (variant, T) takes minutes one by one, so ``--jobs`` worker processes first run
 each configuration once (filling Triton's on-disk cache) and the timing process then loads them.
@@ -66,8 +70,9 @@ def routings(T: int, E: int, seed: int) -> list[tuple[torch.Tensor, torch.Tensor
 
 def makers(T: int, E: int, ex) -> dict:
     """name -> (x, weights, ids) -> a call object with ``__call__`` (and stage methods)."""
+    pick = os.environ.get("MOE_SMALL_VARIANTS" if T <= 8 else "MOE_SMALL_BIG_VARIANTS", "")
     m = {f"split_{name}": (lambda x, w, i, t=t: MoeSplit(x, w, i, ex, LIMIT, t)) for name, t in VARIANTS.items()
-         if name in os.environ.get("MOE_SMALL_VARIANTS", name).split(",")}
+         if not pick or name in pick.split(",")}
     m["old_small"] = lambda x, w, i: MoeRun(x, w, i, ex, LIMIT, small=True)
     return m
 
@@ -77,6 +82,12 @@ def _compile_job(job: tuple) -> str:
     E, T = job
     try:
         ex = random_experts(E, H, I, seed=E + 3)
+        if T == 0:  # the floor kernels (floor_small.py)
+            from floor_small import compile_all
+
+            compile_all(ex, routings(1, E, seed=1)[0][1])
+            torch.cuda.synchronize()
+            return f"E{E} floor ok"
         x = torch.randn(T, H, device=DEV).bfloat16()
         w, ids = routings(T, E, seed=T)[0]
         for make in makers(T, E, ex).values():
@@ -131,7 +142,7 @@ def sweep(res: Results, E: int, Ts, out_dir: str) -> None:
                     **extra, **base)
             if name in (f"split_{default}", "old_small"):
                 res.add(section="small_eager", variant=name, us_host_bound=median_ms(runs[0]) * 1e3, **base)
-            if name.startswith("split_"):  # per-stage GPU time, each launched stage alone in its graph
+            if name.startswith("split_") and T <= 2:  # per-stage GPU time, each stage alone in its graph
                 for stage in ("plan", "gate_up", "down", "combine"):
                     if stage in ("gate_up", "down") or not runs[0].fused:
                         res.add(section="small_stage", variant=name, stage=stage,
@@ -140,12 +151,22 @@ def sweep(res: Results, E: int, Ts, out_dir: str) -> None:
         res.write(out_dir)
 
 
+def run_floor(res: Results) -> None:
+    """The T = 1 floor on 20B-shaped experts with the sweep's T = 1 routings (floor_small.py)."""
+    from floor_small import floor
+
+    ex = random_experts(32, H, I, seed=35)
+    floor(res, ex, routings(1, 32, seed=1), graph_us, COPY_TBS)
+    del ex
+
+
 def main() -> int:
     ap = argparse.ArgumentParser()
     ap.add_argument("--out", default=os.environ.get("OUT", "."))
     ap.add_argument("--quick", action="store_true")
     ap.add_argument("--ts", default="", help="token counts to time, e.g. 1,2 (default: all, or --quick's)")
     ap.add_argument("--jobs", type=int, default=14, help="compile worker processes (0: compile while timing)")
+    ap.add_argument("--floor", action="store_true", help="first the T = 1 floor (floor_small.py)")
     args = ap.parse_args()
     res = Results("moe-small")
     a = torch.empty(1 << 30, dtype=torch.uint8, device=DEV)
@@ -156,7 +177,11 @@ def main() -> int:
     Ts = tuple(int(t) for t in args.ts.split(",")) if args.ts else (1, 4, 16, 64) if args.quick else \
         (1, 2, 4, 8, 16, 32, 64)
     if args.jobs:
-        res.section("precompile", precompile, [(E, T) for E in (32, 128) for T in Ts], args.jobs)
+        # E = 128 launches the same kernels as E = 32 (no constexpr depends on E): compiled once
+        jobs = [(32, 0)] if args.floor else []
+        res.section("precompile", precompile, jobs + [(32, T) for T in Ts], args.jobs)
+    if args.floor:
+        res.section("floor", run_floor)
     res.section("sweep_E32", sweep, 32, Ts, args.out)
     res.section("sweep_E128", sweep, 128, Ts, args.out)
     print("wrote", res.write(args.out), "errors:", len(res.errors))

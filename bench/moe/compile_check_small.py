@@ -18,6 +18,7 @@ import sys
 
 from triton.compiler.compiler import ASTSource
 
+from dayzero.kernels import triton_moe_small_gemv as G
 from dayzero.kernels import triton_moe_small_split_kernels as S
 
 sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[1]))
@@ -44,43 +45,72 @@ def k_loop(sass: str) -> tuple[int, int]:
     return best or (0, 0)
 
 
-def check(kernel, consts: dict, warps: int = 4, stages: int = 4) -> dict:
+def gemv_loop(sass: str) -> int:
+    """Instructions of the largest backward-branch loop that loads from global memory (the GEMV K loop)."""
+    lines = [ln for ln in sass.splitlines() if re.match(r"\s+/\*[0-9a-f]{4}\*/", ln)]
+    addr = [int(re.match(r"\s+/\*([0-9a-f]{4})\*/", ln).group(1), 16) for ln in lines]
+    best = 0
+    for i, ln in enumerate(lines):
+        m = re.search(r"BRA (0x[0-9a-f]+)", ln)
+        if m and int(m.group(1), 16) < addr[i]:
+            body = [x for x, a in zip(lines, addr) if int(m.group(1), 16) <= a <= addr[i]]
+            if any("LDG" in x for x in body):
+                best = max(best, len(body))
+    return best
+
+
+def check(kernel, consts: dict, warps: int = 4, stages: int = 4, maxnreg: int = 0) -> dict:
     types = dict(TYPES, h_ptr="*fp16") if consts.get("H16") else TYPES
     sig = {n: ("constexpr" if n in consts else types.get(n, "i32")) for n in kernel.arg_names}
     attrs = {(i,): [["tt.divisibility", 16]] for i, n in enumerate(kernel.arg_names)
              if n not in consts and n not in NOT_DIV16}
-    b = build_sm90(ASTSource(kernel, sig, consts, attrs), warps, num_stages=stages)
+    b = build_sm90(ASTSource(kernel, sig, consts, attrs), warps, num_stages=stages,
+                   **({"maxnreg": maxnreg} if maxnreg else {}))
     sass = b.sass
-    loop, hmma = k_loop(sass)
-    kb_per_warp = consts["BN"] * 128 / warps / 1024   # weight KB per warp and K step
+    if "U" in consts:  # GEMV kernel: one loop trip = U steps of [BN, BK] weights
+        loop, hmma = gemv_loop(sass), 0
+        kb_per_warp = consts["BN"] * consts["BK"] * consts["U"] / warps / 1024
+    else:
+        loop, hmma = k_loop(sass)
+        kb_per_warp = consts["BN"] * 128 / warps / 1024   # weight KB per warp and K step
     return dict(regs=b.regs, local_ld_st=b.spills, smem=b.smem, programs_per_sm=b.programs_per_sm,
                 async_copies=b.ttgir.count("async_copy_global_to_local"), loop_instr=loop, hmma=hmma,
                 instr_per_kb=round(loop / kb_per_warp))
 
 
 def split_configs(labels=None):
-    """(label, kernel, consts, warps, stages) of the split-K candidates (``VARIANTS``): T = 1 (fused:
-    leader slots, split 2) and T = 64 (plan tables, no split), 20B shapes (N = 5760 / 2880)."""
+    """(label, kernel, consts, warps, stages, maxnreg) of the split-K candidates (``VARIANTS``): T = 1
+    (fused: leader slots, the variant's split or 2) and T = 64 (plan tables, no split), 20B shapes
+    (N = 5760 / 2880)."""
     from dayzero.kernels.triton_moe_small_split import VARIANTS
 
     for name, kern in (("gate_up", S.gate_up_kernel), ("down", S.down_kernel)):
         for label, t in VARIANTS.items():
             if labels and label not in labels:
                 continue
+            if t.gemv:  # T = 1 runs the GEMV kernels (20B shapes, K = 2880)
+                bn = t.bn_gate_up if kern is S.gate_up_kernel else t.bn_down
+                consts = dict(BN=bn, BK=t.gemv_bk, U=t.gemv_u, EVEN_K=2880 % (t.gemv_bk * t.gemv_u) == 0)
+                if kern is S.down_kernel:
+                    consts.update(TOPK=4, PB=16, DOT_F32=False)
+                gk = G.gemv_gate_up_kernel if kern is S.gate_up_kernel else G.gemv_down_kernel
+                warps = t.warps_down or t.warps if kern is S.down_kernel else t.warps
+                yield f"{name} {label} T1 gemv", gk, consts, warps, 1, 0
             bn = t.bn_gate_up if kern is S.gate_up_kernel else t.bn_down
-            for fused, split in ((True, 2), (False, 1)):
+            fixed = t.split_gate_up if kern is S.gate_up_kernel else t.split_down
+            for fused, split in ((True, fixed or 2), (False, 1)):
                 consts = dict(TOPK=4, TB=64, PB=16 if fused else 32, BM=t.bm, BN=bn, BK_=128, SPLIT=split,
                               EVEN_N=(5760 if kern is S.gate_up_kernel else 2880) % bn == 0, H16=t.h16,
                               PLAN=not fused, ONE_CHUNK=fused, DOT_F32=False)
                 if kern is S.down_kernel:
                     consts["FUSE"] = fused
                 warps = t.warps_down or t.warps if kern is S.down_kernel else t.warps
-                yield f"{name} {label} {'T1' if fused else 'T64'}", kern, consts, warps, t.stages
+                yield f"{name} {label} {'T1' if fused else 'T64'}", kern, consts, warps, t.stages, 0
 
 
 def main() -> int:
-    for label, kern, consts, warps, stages in split_configs(sys.argv[1:] or None):
-        print(label, check(kern, consts, warps, stages), flush=True)
+    for label, kern, consts, warps, stages, cap in split_configs(sys.argv[1:] or None):
+        print(label, check(kern, consts, warps, stages, cap), flush=True)
     return 0
 
 

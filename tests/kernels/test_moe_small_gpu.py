@@ -11,6 +11,7 @@ On a GPU: real gpt-oss shapes (20B: 32 experts, 120B: 128, H = I = 2880, top-4).
 from __future__ import annotations
 
 import functools
+import os
 
 import pytest
 import torch
@@ -135,6 +136,8 @@ def _tickets_zero(q: ExpertWeights) -> bool:
 
 
 SPLIT_TS = [1, 2, 7, 16, 33, 64] if DEV == "cuda" else [1, 5, 9]
+if os.environ.get("DAYZERO_MOE_SMALL_TEST_TS"):  # a device call's subset, e.g. "1,2,7"
+    SPLIT_TS = [int(t) for t in os.environ["DAYZERO_MOE_SMALL_TEST_TS"].split(",")]
 
 
 @pytest.mark.parametrize("variant", list(_split_variants()))
@@ -178,16 +181,18 @@ def test_split_no_local_route_gives_zeros(T):
     assert out.shape == (T, H) and (out == 0).all()
 
 
-@pytest.mark.parametrize("T", [1, 2, 16])   # fused (leader slots, tickets in down) and plan + combine
-def test_split_deterministic_and_graph_replay_equals_eager(T):
-    from dayzero.kernels.triton_moe_small_split import MoeSplit, moe_split
+@pytest.mark.parametrize("T,variant", [(1, None), (2, None), (16, None), (1, "gv_d16")])
+def test_split_deterministic_and_graph_replay_equals_eager(T, variant):
+    # default tiles: fused (leader slots, tickets in down) and plan + combine; gv_d16: the T = 1 GEMV kernels
+    from dayzero.kernels.triton_moe_small_split import VARIANTS, MoeSplit, moe_split
 
     if DEV != "cuda":
         pytest.skip("CUDA graphs need a GPU")
     q, _ = experts("20b")
     E, H, _ = SHAPES["20b"]
     x, w, ids = inputs(T, E, H, seed=1)
-    run = MoeSplit(x, w, ids, q, LIMIT)
+    tiles = VARIANTS[variant] if variant else None
+    run = MoeSplit(x, w, ids, q, LIMIT, tiles)
     first = run().clone()
     assert torch.equal(run(), first)                                        # bitwise repeatable
     g = torch.cuda.CUDAGraph()
@@ -200,8 +205,49 @@ def test_split_deterministic_and_graph_replay_equals_eager(T):
         run.ids.copy_(ids2)
         g.replay()
         torch.cuda.synchronize()
-        assert torch.equal(out, moe_split(x2, w2, ids2, q, LIMIT))
+        assert torch.equal(out, moe_split(x2, w2, ids2, q, LIMIT, tiles))
     assert _tickets_zero(q)
+
+
+@pytest.mark.parametrize("local_routes", [0, 2])
+def test_gemv_t1_expert_parallel_slice(local_routes):
+    # T = 1 on the GEMV kernels with this rank owning experts 8..15: routes elsewhere are skipped (the
+    # down tickets count only local routes); none local: zeros
+    from dayzero.kernels.triton_moe_small_split import VARIANTS, MoeSplit, moe_split
+
+    q, d = experts("120b")
+    E, H, _ = SHAPES["120b"]
+    x, w, _ = inputs(1, E, H, seed=21 + local_routes)
+    ids = torch.tensor([[9, 1, 14, 3] if local_routes else [0, 1, 2, 3]], device=DEV)
+    sl = slice(8, 16)
+    qs, ds = (ExpertWeights(a.gate_up[sl], a.gate_up_bias[sl], a.down[sl], a.down_bias[sl],
+                            a.gate_up_scale[sl] if a.gate_up_scale is not None else None,
+                            a.down_scale[sl] if a.down_scale is not None else None,
+                            derived={"expert_offset": 8}) for a in (q, d))
+    tiles = VARIANTS["gv_d16"]
+    assert MoeSplit(x, w, ids, qs, LIMIT, tiles).gemv
+    poison()
+    out = moe_split(x, w, ids, qs, LIMIT, tiles)
+    assert torch.isfinite(out).all()
+    if not local_routes:
+        assert (out == 0).all()
+        return
+    exact = ref.moe_experts(x, w, ids, ds, LIMIT)
+    e_ref = rel(ref.moe_experts(x, w, ids, qs, LIMIT), exact)
+    assert rel(out, exact) <= 0.5 * e_ref + 2e-3, (rel(out, exact), e_ref)
+    assert _tickets_zero(qs)
+
+
+def test_tiles_override_from_environment(monkeypatch):
+    from dayzero.kernels.triton_moe_small_split import TILES_ENV, VARIANTS, default_tiles
+
+    monkeypatch.setenv(TILES_ENV, "gv_d16@4,k1_d32@32")
+    assert default_tiles(4, 32) is VARIANTS["gv_d16"]
+    assert default_tiles(8, 32) is VARIANTS["k1_d32"]
+    assert default_tiles(64, 32) is VARIANTS["bn64"]          # past every entry: the built-in default
+    monkeypatch.setenv(TILES_ENV, "nope@4")
+    with pytest.raises(ValueError, match="NAME"):
+        default_tiles(4, 32)
 
 
 def test_split_rejects_bad_input():

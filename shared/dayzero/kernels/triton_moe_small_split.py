@@ -10,12 +10,14 @@ down (which also combines); above, plan + gate_up + down + combine.
 
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass
 
 import torch
 import triton
 
 from .triton_moe_gemm import interpreting
+from .triton_moe_small_gemv import gemv_down_kernel, gemv_gate_up_kernel
 from .triton_moe_small_route import plan_kernel
 from .triton_moe_small_split_kernels import combine_kernel, down_kernel, gate_up_kernel
 from .types import ExpertWeights
@@ -50,6 +52,11 @@ class SplitTiles:
     # up to this many pairs (T * k) slots are pairs (leader scan in-kernel, no plan launch) and down
     # does the combine itself (tickets); above it the plan launch and the combine launch run
     fuse_max_pairs: int = 32
+    # T = 1 only: CUDA-core GEMV kernels (``triton_moe_small_gemv``) with N tiles bn_gate_up / bn_down,
+    # K steps of gemv_bk (divides 128), gemv_u steps issued back to back
+    gemv: bool = False
+    gemv_bk: int = 128
+    gemv_u: int = 2
 
 
 # Candidate launch configurations (the GPU tests check each; the bench times each at every T).
@@ -73,7 +80,37 @@ VARIANTS = {
     "k1_d32": SplitTiles(bn_gate_up=32, bn_down=32, split_gate_up=1, split_down=1),
     "k1_d64": SplitTiles(bn_gate_up=32, bn_down=64, split_gate_up=1, split_down=1),
     "k1_g16": SplitTiles(bn_gate_up=16, bn_down=128, split_gate_up=1),
+    # session 5 (sm_90 builds of the T = 1 launch, before run 8): k1's gate_up (64 registers, 8 per SM)
+    # already runs its 720 programs in one wave; its down (bn128 split 8, 142 registers, 3 per SM) runs
+    # 736 programs in 1.86 waves. Down unsplit: d32 360 programs (72 registers, 7 per SM), d16 720 (61,
+    # 8 per SM), all resident; g16w2: gate_up 16 wide on 2 warps (68 registers, 11 per SM: 1440 programs
+    # in one wave, 1452 slots)
+    "k1_d16": SplitTiles(bn_gate_up=32, bn_down=16, split_gate_up=1, split_down=1),
+    "k1_g16w2_d32": SplitTiles(bn_gate_up=16, bn_down=32, split_gate_up=1, split_down=1, warps=2, warps_down=4),
+    # T = 1 on CUDA cores (``triton_moe_small_gemv``): no 16-row MMA tile for one row. sm_90 builds (U = 2
+    # steps in flight): gate_up bn32 80 registers (6 per SM: 720 programs in one wave), 154 instructions
+    # per warp and KB of weights (k1's MMA loop 187); bn64 127 (4 per SM, 360 programs), 121; down bn16
+    # 56 registers, 221 per KB, bn32 80, 155 (k1's bn128 MMA 89). Above T = 1 they run MMA tiles
+    # (gv_d16 = k1_d16, gv_d32 = k1_d32, gv64_d32 = gate_up bn64 unsplit + down bn32 unsplit)
+    "gv_d16": SplitTiles(bn_gate_up=32, bn_down=16, split_gate_up=1, split_down=1, gemv=True),
+    "gv_d32": SplitTiles(bn_gate_up=32, bn_down=32, split_gate_up=1, split_down=1, gemv=True),
+    "gv64_d32": SplitTiles(bn_gate_up=64, bn_down=32, split_gate_up=1, split_down=1, gemv=True),
 }
+# the device tests run the engine on candidates before they become defaults: this environment variable
+# holds "name[@max_pairs],..." (``VARIANTS`` names); the first entry whose max_pairs >= T * k (or with
+# none) replaces the default tiles, pair counts past every entry keep the default
+TILES_ENV = "DAYZERO_MOE_SMALL_TILES"
+
+
+def forced_tiles(pairs: int) -> SplitTiles | None:
+    """The tiles ``DAYZERO_MOE_SMALL_TILES`` names for ``pairs``, or None."""
+    for entry in filter(None, os.environ.get(TILES_ENV, "").split(",")):
+        name, _, most = entry.partition("@")
+        if name not in VARIANTS or (most and not most.isdigit()):
+            raise ValueError(f"{TILES_ENV}: {entry!r} is not NAME[@MAX_PAIRS] with NAME in {sorted(VARIANTS)}")
+        if not most or pairs <= int(most):
+            return VARIANTS[name]
+    return None
 
 
 def takes_split(pairs: int, E: int) -> bool:
@@ -83,8 +120,9 @@ def takes_split(pairs: int, E: int) -> bool:
 
 def default_tiles(pairs: int, E: int) -> SplitTiles:
     """Run 7: k1 at T * k <= 8 (20B T = 1 52.0 vs g64_d128 59.0 us, T = 2 85.6 vs 93.5; 120B 52.0 / 88.1
-    vs 58.8 / 96.7), bn64 above (run 5: bn128 and g64_d128 slower from T = 2 on; k1 not timed there)."""
-    return VARIANTS["k1" if pairs <= 8 else "bn64"]
+    vs 58.8 / 96.7), bn64 above (run 5: bn128 and g64_d128 slower from T = 2 on; k1 not timed there).
+    ``DAYZERO_MOE_SMALL_TILES`` overrides it (``forced_tiles``: device tests of candidates)."""
+    return forced_tiles(pairs) or VARIANTS["k1" if pairs <= 8 else "bn64"]
 
 
 def choose_split(requested: int, slots: int, n_tiles: int, K: int, tiles: SplitTiles) -> int:
@@ -121,6 +159,8 @@ class MoeSplit:
         for bn in (t.bn_gate_up, t.bn_down):
             if bn < 16 or 128 % bn:
                 raise ValueError(f"N tile {bn} must divide 128 and be >= 16")
+        if t.gemv and (128 % t.gemv_bk or t.gemv_u < 1):
+            raise ValueError(f"gemv_bk {t.gemv_bk} must divide 128 and gemv_u {t.gemv_u} be >= 1")
         if t.bm < 16:
             raise ValueError(f"bm must be >= 16, got {t.bm}")
         self.T, self.H, self.I, self.E, self.k = T, H, I, E, ids.shape[1]
@@ -131,14 +171,15 @@ class MoeSplit:
         self.nt1, self.nt2 = triton.cdiv(2 * I, t.bn_gate_up), triton.cdiv(H, t.bn_down)
         self.tb = max(64, triton.next_power_of_2(T))
         self.fused = self.P <= t.fuse_max_pairs
+        self.gemv = t.gemv and T == 1 and self.fused   # one row per route: CUDA-core GEMV kernels
         self.slots = self.P if self.fused else min(self.P, E)   # slot = pair (leader scan) or plan table row
         self.pb = max(16, triton.next_power_of_2(self.slots))
         self.slot_e = torch.empty((self.slots,), dtype=torch.int32, device=dev)
         self.slot_cnt = torch.empty((self.slots,), dtype=torch.int32, device=dev)
         self.slot_pairs = torch.empty((self.slots, self.tb), dtype=torch.int32, device=dev)
         touched = min(self.P, E)  # slots that can be valid (split counts assume all of them are)
-        self.s1 = choose_split(t.split_gate_up, touched, self.nt1, H, t)
-        self.s2 = choose_split(t.split_down, touched, self.nt2, I, t)
+        self.s1 = 1 if self.gemv else choose_split(t.split_gate_up, touched, self.nt1, H, t)
+        self.s2 = 1 if self.gemv else choose_split(t.split_down, touched, self.nt2, I, t)
         n1 = self.slots * self.nt1
         tickets = _tickets(experts, n1 + self.nt2, dev)
         self.tickets1, self.tickets2 = tickets[:n1], tickets[n1:]
@@ -157,9 +198,19 @@ class MoeSplit:
                                    KP=triton.next_power_of_2(self.k), EB=triton.next_power_of_2(self.E + 1),
                                    num_warps=4)
 
+    def _gemv_args(self, K: int) -> dict:
+        t = self.tiles
+        return dict(BK=t.gemv_bk, U=t.gemv_u, EVEN_K=K % (t.gemv_bk * t.gemv_u) == 0)
+
     def gate_up(self) -> None:
         ex, t = self.ex, self.tiles
         w, s, b = ex.gate_up, ex.gate_up_scale, ex.gate_up_bias
+        if self.gemv:
+            gemv_gate_up_kernel[(self.k * self.nt1,)](
+                self.x, self.ids, w, s, b, self.h, self.H, 2 * self.I, self.nt1, self.offset, self.E, w.stride(0),
+                w.stride(1), s.stride(0), s.stride(1), b.stride(0), self.h.stride(0), self.limit, SWIGLU_ALPHA,
+                BN=t.bn_gate_up, num_warps=t.warps, **self._gemv_args(self.H))
+            return
         gate_up_kernel[(self.slots * self.nt1 * self.s1,)](
             self.x, self.ids, w, s, b, self.h, self.ws, self.tickets1, self.slot_e, self.slot_cnt, self.slot_pairs,
             self.H, 2 * self.I, self.nt1, self.P, self.offset, self.E, self.x.stride(0), w.stride(0), w.stride(1),
@@ -169,6 +220,13 @@ class MoeSplit:
     def down(self) -> None:
         ex, t = self.ex, self.tiles
         w, s, b = ex.down, ex.down_scale, ex.down_bias
+        if self.gemv:
+            gemv_down_kernel[(self.k * self.nt2,)](
+                self.h, self.ids, self.weights, w, s, b, self.y, self.out, self.tickets2, self.I, self.H, self.nt2,
+                self.P, self.offset, self.E, self.h.stride(0), w.stride(0), w.stride(1), s.stride(0), s.stride(1),
+                b.stride(0), self.out.stride(0), TOPK=self.k, PB=self.pb, BN=t.bn_down,
+                DOT_F32=interpreting(), num_warps=t.warps_down or t.warps, **self._gemv_args(self.I))
+            return
         down_kernel[(self.slots * self.nt2 * self.s2,)](
             self.h, self.ids, self.weights, w, s, b, self.y, self.out, self.tickets2, self.slot_e, self.slot_cnt,
             self.slot_pairs, self.T, self.I, self.H, self.nt2, self.P, self.offset, self.E, self.slots,

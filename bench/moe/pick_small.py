@@ -1,0 +1,56 @@
+"""From a ``bench_small.py`` result (moe-small.json), the split-K tiles that win at each decode T <= 8,
+as a ``DAYZERO_MOE_SMALL_TILES`` rule ("name@max_pairs,...") for the device tests of the engine
+(run.sh step ``small_graph``) and a table (stderr) of every variant against the shipped default.
+
+    python3 bench/moe/pick_small.py OUT/moe-small.json
+
+A variant replaces the shipped default at a T only when it is faster at both E = 32 and E = 128 by
+more than ``MARGIN`` (run-to-run spread of graph timings here: ~1 %); else the default stays.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+
+K_TOP = 4
+MARGIN = 0.02
+
+
+def shipped(T: int) -> str:
+    """Shipped split tiles before run 8 (``default_tiles``: k1 at T * k <= 8, bn64 above)."""
+    return "k1" if T * K_TOP <= 8 else "bn64"
+
+
+def pick(rows: list) -> tuple[str, list]:
+    us = {(r["E"], r["T"], r["variant"]): r["us"] for r in rows if r.get("section") == "small_graph" and "us" in r}
+    rule, table = [], []
+    for T in sorted({t for _, t, _ in us if t <= 8}):
+        names = {v for e, t, v in us if t == T and v.startswith("split_") and (32, T, v) in us and (128, T, v) in us}
+        if not names:
+            continue
+        base = f"split_{shipped(T)}"
+        best = min(names, key=lambda v: us[(32, T, v)] + us[(128, T, v)])
+        wins = base in names and all(us[(e, T, best)] < (1 - MARGIN) * us[(e, T, base)] for e in (32, 128))
+        choice = best if wins else base
+        table.append((T, choice, {v: (round(us[(32, T, v)], 1), round(us[(128, T, v)], 1)) for v in sorted(names)}))
+        name = choice.removeprefix("split_")
+        if rule and rule[-1][0] == name:
+            rule[-1] = (name, T * K_TOP)
+        else:
+            rule.append((name, T * K_TOP))
+    return ",".join(f"{n}@{p}" for n, p in rule), table
+
+
+def main() -> int:
+    with open(sys.argv[1], encoding="utf-8") as f:
+        rows = json.load(f)["rows"]
+    rule, table = pick(rows)
+    for T, choice, times in table:
+        print(f"T={T}: {choice} | " + " ".join(f"{v}={a}/{b}" for v, (a, b) in times.items()), file=sys.stderr)
+    print(rule)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
