@@ -107,8 +107,8 @@ def test_decode_split_kv(window, num_splits):
            max_seqlen_q=1, num_splits=num_splits)
 
 
-DECODE_VARIANTS = {  # the decode configs the benchmark may pick (PDL: programmatic dependent launch;
-    "nopdl": dict(PDL=False),  # the default since the graph-vs-eager finding; "pdl" forces it on)
+DECODE_VARIANTS = {  # the decode configs the benchmark may pick (PDL: programmatic dependent launch,
+    "nopdl": dict(PDL=False),  # on where the KV is split by default since run 10; "pdl" forces it on)
     "combine": dict(MERGE="combine"),  # version 1: split + combine kernels (the default before run 9)
     "kernel": dict(MERGE="kernel", maxnreg=128),  # triton_attention_splitkv, contiguous BLOCK_N 128
     "kernel_bf16": dict(MERGE="kernel", PART_BF16=True, maxnreg=128),

@@ -53,6 +53,6 @@ def test_one_split_preset(monkeypatch):
 
 def test_split_counts():
     c = dec.choose_num_splits
-    assert [c(1, 8, L) for L in (1024, 8192, 32768, 131072)] == [16, 32, 64, 64]
+    assert [c(1, 8, L) for L in (1024, 2048, 4096, 8192, 32768, 65536, 131072)] == [16, 32, 32, 32, 32, 64, 64]
     assert c(8, 8, 131072) == 8 and c(64, 8, 131072) == 1 and c(1, 8, 100) == 2
     assert c(1, 8, 8192, window=128) == 2

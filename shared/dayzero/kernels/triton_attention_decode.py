@@ -16,11 +16,13 @@ merge) are launched with programmatic dependent launch. The split kernel waits f
 grid (``gdc_wait``) before reading anything, then lets the second kernel launch; that one reads what the
 split kernel does not write, waits for the split kernel, then reads the partials. So the launch of each
 kernel overlaps the previous one's tail; every read of a predecessor's output still comes after a wait.
-``DEFAULT_PDL`` / ``DAYZERO_DECODE_PDL``: off by default since the engine's CUDA-graph and eager decode
-logits differed with it (up to 0.36 % of the logit scale alone, 2.8 % with other GPU work beside it;
-session 3); the sm_90 code orders every read as above, and the decode step is not deterministic run
-to run anyway (the small-M linear sums split-K partials with fp32 atomics in arrival order), see
-bench/NOTES.md "Session 5: decode and window".
+``DEFAULT_PDL`` / ``DAYZERO_DECODE_PDL``: on wherever the KV is split (full and sliding layers; never
+with one split, where the next kernel took SM slots from later waves), since run 10 on H200: B=1 1k / 8k
+6.3 / 11.3 -> 5.2 / 10.6 µs, B=8 1k 11.0 -> 9.8, window B=1 / 8 5.0 / 6.2 -> 3.8 / 4.9. It was off in
+sessions 3-4 because the engine's CUDA-graph and eager decode logits differed with it; run 10 showed the
+decode step differs run to run with or without PDL (the small-M linear sums split-K partials with fp32
+atomics in arrival order; with it at one split, PDL on and off give identical bits), and the PDL kernels
+pass bitwise against their no-PDL twins (bench/NOTES.md "Session 5: decode and window").
 """
 
 from __future__ import annotations
@@ -131,10 +133,9 @@ def choose_num_splits(batch: int, num_kv_heads: int, max_kv_len: int, window: in
                       num_sms: int = 132) -> int:
     """Splits per sequence: one once the batch alone fills the SMs, else a power of two near 4
     programs per SM (odd counts leave a ragged last wave: 17 splits ran 14 % slower than 16 at
-    B=8/128k; at B=8, 8 splits beat 16 at 1k-128k, and B=1 is best at 64 from 32k on), at most 64 and
-    at least 64 keys per split; above 16 splits, at least 256 keys per split (B=1 at 8k: 32 splits
-    beat 64 in runs 9 and 10, 9.7 vs 10.6 us with PDL; at 1k 16 splits of 64 keys beat 8) (measured on
-    H200, bench/NOTES.md)."""
+    B=8/128k; at B=8, 8 splits beat 16 at 1k-128k), at most 64 and at least 64 keys per split; above 32
+    splits, at least 1024 keys per split (B=1 with PDL, runs 10-11 on H200: 32 splits beat 64 at 4k /
+    8k / 16k, 7.4 / 9.7 / 14.4 vs 8.0 (16) / 10.6 / 15.0 us, tie at 32k, 64 best at 128k; bench/NOTES.md)."""
     kv = min(max_kv_len, window) if window > 0 else max_kv_len
     progs = batch * num_kv_heads
     if progs >= num_sms:
@@ -142,9 +143,9 @@ def choose_num_splits(batch: int, num_kv_heads: int, max_kv_len: int, window: in
     want = max(1, (4 * num_sms) // progs)
     want = 1 << (want.bit_length() - 1)  # round down to a power of two
     splits = int(max(1, min(64, want, triton.cdiv(max(kv, 1), 64))))
-    if splits > 16:
-        by_len = max(1, kv // 256)
-        splits = max(16, min(splits, 1 << (by_len.bit_length() - 1)))
+    if splits > 32:
+        by_len = max(1, kv // 1024)
+        splits = max(32, min(splits, 1 << (by_len.bit_length() - 1)))
     return splits
 
 
@@ -167,7 +168,7 @@ ONESPLIT_PRESETS = {
 DEFAULT_ONESPLIT = "default"
 # programmatic dependent launch where the KV is split (full and sliding layers): None = on when split,
 # False = never; DAYZERO_DECODE_PDL=1 / 0 overrides (the engine's GPU tests under each)
-DEFAULT_PDL: bool | None = None   # run 10: faster wherever the KV is split; engine graph tests passed
+DEFAULT_PDL: bool | None = None   # run 10: faster wherever the KV is split; engine graph tests 3/3 with it
 
 
 def decode_pdl() -> bool | None:
