@@ -1,0 +1,126 @@
+"""The tile schedule of the Gluon sliding-window prefill kernel (``gluon_attention_window``) in plain torch.
+
+No triton here: CI (no GPU, no triton) checks ``emulate_window`` against the torch reference op, so the
+kernel's index logic (which query rows a CTA and a warpgroup own, which 64-key tiles of the CTA's
+resident window it loads and scores, which of them are masked and how, what TMA reads past a sequence or
+past T, how the sink joins the softmax) is checked without a GPU. Gluon kernels cannot run in
+TRITON_INTERPRET; keep this module in step with the kernel.
+
+The schedule (head dim 64, window w <= 128, no cached prefix): a CTA owns one query head and BM = 64 NWG
+consecutive new tokens [m_start, m_start + BM) of one sequence; warpgroup g owns rows
+r0 = m_start + 64 g .. r0 + 63. Every key any of its rows may see lies in [m_start - 128, m_start + BM),
+NWG + 2 tiles of 64 keys; tile i holds keys [m_start - 128 + 64 i, + 64). Warpgroup g scores exactly
+tiles g, g + 1, g + 2 (keys r0 - 128 .. r0 + 63): 192 scores per row for at most 128 visible keys.
+  * tiles wholly before the sequence (i < 2 - m_start / 64: the first CTA's tiles 0 and 1) are neither
+    loaded nor scored; tiles from the sequence's end on (first key >= q_len) are not loaded, and no live
+    warpgroup scores them;
+  * the first tile a warpgroup scores is masked both ways (key <= query and query - key < w): with
+    w = 128 it is the window's edge (tile g) or, in the first CTA, the diagonal / middle tile;
+  * tile g + 1 (keys r0 - 64 .. r0 - 1: query - key in [1, 127]) is unmasked when w == 128
+    (``mid_masked``: masked both ways for a narrower window);
+  * tile g + 2 (the diagonal) is masked both ways;
+  * warpgroups whose rows all lie past the sequence's end do nothing.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from .gluon_attention_schedule import HEAD_D, LOG2E, WM, _rows
+
+MAX_WINDOW = 128  # two tiles of 64 keys before a warpgroup's first row
+BN = 64           # keys per tile
+
+
+@dataclass(frozen=True)
+class WarpgroupTiles:
+    """The key tiles (indices into the CTA's resident window) one warpgroup scores, in order."""
+
+    r0: int             # first query row (index in the sequence)
+    tiles: list[int]    # tile indices, ascending; tile i holds keys [m_start - 128 + 64 i, + 64)
+    masked: list[bool]  # per tile: masked (key <= query and query - key < window) or not
+
+
+def cta_tiles(q_len: int, m_start: int, nwg: int, window: int) -> tuple[int, int, list[WarpgroupTiles]]:
+    """What the kernel's prologue computes for the CTA at ``m_start``: (first loaded tile, end of loaded
+    tiles, per live warpgroup its tiles)."""
+    n_live = min(nwg, -(-(q_len - m_start) // WM))
+    i_lo = max(0, 2 - m_start // BN)
+    i_hi = min(nwg + 2, n_live + 2)
+    wgs = []
+    for g in range(n_live):
+        i0 = max(g, i_lo)
+        tiles = list(range(i0, g + 3))
+        masked = [i == i0 or i == g + 2 or window < MAX_WINDOW for i in tiles]
+        wgs.append(WarpgroupTiles(m_start + g * WM, tiles, masked))
+    return i_lo, i_hi, wgs
+
+
+def check_window_supported(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, out: torch.Tensor,
+                           window: int) -> None:
+    """Raise ValueError unless the Gluon window kernel supports this call (window 1..128, D 64, bf16,
+    TMA-able rows)."""
+    if not 0 < window <= MAX_WINDOW:
+        raise ValueError(f"the Gluon window kernel needs a sliding window in [1, {MAX_WINDOW}] (got {window})")
+    if q.dim() != 3 or k.dim() != 3 or v.dim() != 3 or q.shape[2] != HEAD_D or k.shape[2] != HEAD_D \
+            or v.shape != k.shape or q.shape[0] != k.shape[0]:
+        raise ValueError(f"the Gluon window kernel needs q [T, Hq, 64], k/v [T, Hkv, 64]; got {tuple(q.shape)}, "
+                         f"{tuple(k.shape)}, {tuple(v.shape)}")
+    if q.shape[1] % k.shape[1]:
+        raise ValueError(f"query heads {q.shape[1]} are not a multiple of KV heads {k.shape[1]}")
+    if any(t.dtype != torch.bfloat16 for t in (q, k, v, out)):
+        raise ValueError("the Gluon window kernel needs bf16 q, k, v and out")
+    if out.shape != q.shape or out.stride(2) != 1:
+        raise ValueError(f"out must be [T, Hq, 64] with contiguous rows, got {tuple(out.shape)}")
+    for name, t in (("q", q), ("k", k), ("v", v)):
+        if t.stride(2) != 1 or t.stride(1) != HEAD_D or (t.stride(0) * 2) % 16 or t.data_ptr() % 16:
+            raise ValueError(f"{name} must have contiguous [H, 64] rows at 16-byte aligned strides (TMA)")
+
+
+def emulate_window(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cu_seqlens_q: torch.Tensor,
+                   sinks: torch.Tensor, scale: float, window: int, nwg: int = 2) -> torch.Tensor:
+    """The kernel's computation, CTA by CTA and warpgroup by warpgroup, in float32 with P rounded to bf16
+    before the PV product: q [T, Hq, D], k/v [T, Hkv, D] (no cached prefix) -> [T, Hq, D] float32 (NaN
+    where the kernel stores nothing)."""
+    T, Hq, D = q.shape
+    group = Hq // k.shape[1]
+    out = torch.full((T, Hq, D), float("nan"))
+    cu = cu_seqlens_q.tolist()
+    qk_scale = scale * LOG2E
+    for b in range(len(cu) - 1):
+        q_start, q_len = cu[b], cu[b + 1] - cu[b]
+        for m_start in range(0, q_len, WM * nwg):
+            _, _, wgs = cta_tiles(q_len, m_start, nwg, window)
+            for h in range(Hq):
+                kv = h // group
+                for wg in wgs:
+                    qt = _rows(q[:, h].float(), q_start + wg.r0, WM)                    # [WM, D]
+                    rows = torch.arange(wg.r0, wg.r0 + WM)
+                    m = torch.full((WM, ), -1.0e30)
+                    l_ = torch.zeros(WM)
+                    o = torch.zeros(WM, D)
+                    for i, masked in zip(wg.tiles, wg.masked):
+                        base = m_start - 2 * BN + i * BN                               # >= 0 here
+                        kt = _rows(k[:, kv].float(), q_start + base, BN)               # [BN, D]
+                        vt = _rows(v[:, kv].float(), q_start + base, BN)
+                        s = qt @ kt.T * qk_scale                                       # [WM, BN]
+                        if masked:
+                            cols = base + torch.arange(BN)
+                            vis = (cols[None, :] <= rows[:, None]) & (rows[:, None] - cols[None, :] < window)
+                            s = s.masked_fill(~vis, float("-inf"))
+                        m_new = torch.maximum(m, s.max(1).values)
+                        p = torch.exp2(s - m_new[:, None])
+                        alpha = torch.exp2(m - m_new)
+                        l_ = l_ * alpha + p.sum(1)
+                        o = o * alpha[:, None] + p.to(torch.bfloat16).float() @ vt
+                        m = m_new
+                    sink = float(sinks[h]) * LOG2E
+                    m_f = torch.clamp(m, min=sink)
+                    alpha = torch.exp2(m - m_f)
+                    l_ = l_ * alpha + torch.exp2(sink - m_f)
+                    res = o * (alpha / l_)[:, None]
+                    keep = rows < q_len
+                    out[q_start + rows[keep], h] = res[keep]
+    return out
