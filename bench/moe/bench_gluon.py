@@ -50,6 +50,10 @@ def _configs() -> dict:
             # the walk by expert (groups inside an expert's run of blocks: no group straddles two experts)
             "gluon64_w": r(BM64, walk=1), "gluon128_w": r(BM128, walk=1), "gluon128_h2_w": r(BM128, half=2, walk=1),
             "gluon128_w_glue": r(BM128, walk=1, glue=True), "gluon128_w_g16": r(BM128, walk=1, group_m=16),
+            # dynamic tile scheduling (a global counter hands out the walk positions; gluon_moe_sched)
+            "gluon128_d": r(BM128, sched=1), "gluon128_h2_d": r(BM128, half=2, sched=1),
+            "gluon128_d_glue": r(BM128, sched=1, glue=True), "gluon128_h2_d_glue": r(BM128, half=2, sched=1, glue=True),
+            "gluon128_h2_glue": r(BM128, half=2, glue=True),
             # timing diagnostics (wrong results): where the time goes
             "diag_w_once_per_tile": r(BM64, diag=1), "diag_a_once_per_tile": r(BM64, diag=2),
             "diag128_half_w_once": r(BM128, half=3)}
@@ -88,8 +92,8 @@ def compile_check(out: str | None, names: list[str] | None = None) -> int:
             if bm == 64:
                 consts["DIAG"] = cfg.diag
             else:
-                consts.update(HALF=cfg.half, TRACE=False)
-                sig["trace_ptr"] = "*i64"
+                consts.update(HALF=cfg.half, TRACE=False, SCHED=cfg.sched)
+                sig.update(trace_ptr="*i64", counter_ptr="*i32")
             sig.update({k: "constexpr" for k in consts})
             b = build_sm90(GluonASTSource(kern, sig, consts), 4, maxnreg=cfg.maxnreg)
             rows.append(dict(config=name, bm=bm, gemm="gate_up" if epi == 1 else "down", stages=cfg.stages,

@@ -264,6 +264,10 @@ def test_align_block_span(bm):
     assert torch.equal(al.block_span[:int((al.block_expert >= 0).sum())].cpu(), _runs_of(al.block_expert))
 
 
+# (T, E, H, I, top-k, seed, EP offset, global experts): 20B expert count (8-9 blocks an expert), 128 experts of
+# 1-3 blocks (H = I = 1024: the 120B expert count at a fraction of the memory), odd shapes, an EP slice
+SHAPE_CASES = ((2048, 32, 2880, 2880, 4, 81, 0, 32), (1024, 128, 1024, 1024, 4, 82, 0, 128),
+               (300, 6, 208, 336, 2, 83, 0, 6), (200, 8, 2880, 2880, 4, 84, 8, 32))
 WALK_CFGS = {"bm64": dict(bm=64, group_m=16), "bm128": dict(bm=128, group_m=8),
              "bm128_half2": dict(bm=128, group_m=8, half=2), "bm128_g16_glue": dict(bm=128, group_m=16, glue=True)}
 
@@ -278,14 +282,39 @@ def test_gluon_moe_walk_by_expert(name):
 
     cfg = GluonConfig(walk=1, **WALK_CFGS[name])
     cfg0 = dataclasses.replace(cfg, walk=0)
-    cases = ((2048, 32, 2880, 2880, 4, 81, 0, 32), (1024, 128, 2880, 2880, 4, 82, 0, 128),
-             (300, 6, 208, 336, 2, 83, 0, 6), (200, 8, 2880, 2880, 4, 84, 8, 32))
-    for T, E, H, I, k, seed, offset, E_glob in cases:
+    for T, E, H, I, k, seed, offset, E_glob in SHAPE_CASES:
         q, d = make_experts(E, H, I, seed, offset)
         x, w, ids = route(T, E_glob, k, H, seed + 1)
         out = check(x, w, ids, q, d, cfg)
         assert torch.equal(out, fused_moe_gluon(x, w, ids, q, LIMIT, cfg0)), (name, T, E)
     q, d = make_experts(32, 2880, 2880, seed=85)
     x, w, _ = route(1500, 32, 4, 2880, seed=86)
+    ids = skewed_ids(1500, 4).to(DEV)
+    assert torch.equal(check(x, w, ids, q, d, cfg), fused_moe_gluon(x, w, ids, q, LIMIT, cfg0))
+
+
+SCHED_CFGS = {"bm128": dict(bm=128, group_m=8), "bm128_half2_glue": dict(bm=128, group_m=8, half=2, glue=True),
+              "bm128_walk_half1": dict(bm=128, group_m=8, walk=1, half=1)}
+
+
+@pytest.mark.parametrize("name", list(SCHED_CFGS))
+def test_gluon_moe_dynamic_schedule(name):
+    """GluonConfig.sched = 1 (tiles handed out by a global counter, gluon_moe_sched): within the FP8 bounds
+    and bitwise equal to the static schedule of the same configuration, twice in a row (the counter is
+    zeroed per launch), on the shape cases and skewed routing; fewer used tiles than CTAs (T = 37)."""
+    from dayzero.kernels.gluon_moe_gemm_run import GluonConfig, GluonMoeRun, fused_moe_gluon
+    from test_moe_gpu import make_experts, route, skewed_ids
+
+    cfg = GluonConfig(sched=1, **SCHED_CFGS[name])
+    cfg0 = dataclasses.replace(cfg, sched=0)
+    for T, E, H, I, k, seed, offset, E_glob in SHAPE_CASES + ((37, 6, 208, 336, 2, 87, 0, 6), ):
+        q, d = make_experts(E, H, I, seed, offset)
+        x, w, ids = route(T, E_glob, k, H, seed + 1)
+        out = check(x, w, ids, q, d, cfg)
+        run = GluonMoeRun(x, w, ids, q, LIMIT, cfg)
+        assert torch.equal(run(), out) and torch.equal(run(), out), (name, T, E)      # same run object again
+        assert torch.equal(out, fused_moe_gluon(x, w, ids, q, LIMIT, cfg0)), (name, T, E)
+    q, d = make_experts(32, 2880, 2880, seed=88)
+    x, w, _ = route(1500, 32, 4, 2880, seed=89)
     ids = skewed_ids(1500, 4).to(DEV)
     assert torch.equal(check(x, w, ids, q, d, cfg), fused_moe_gluon(x, w, ids, q, LIMIT, cfg0))

@@ -29,6 +29,7 @@ from triton.experimental.gluon.language.nvidia.hopper import (fence_async_shared
 
 from .gluon_moe_epi import _pin, _store_h, _store_y, _swiglu
 from .gluon_moe_gemm import _count_used_blocks, _tile_mn
+from .gluon_moe_sched import _next, _publish, _receive
 from .gluon_moe_trace import _now, _trace
 
 BM = gl.constexpr(128)    # rows of a tile (= the align block)
@@ -74,22 +75,45 @@ def _load_tile(p, pid_m, pid_n, e, full, it, STAGES: gl.constexpr, HALF: gl.cons
 
 
 @gluon.jit
-def _producer(p, EPI: gl.constexpr, STAGES: gl.constexpr, GROUP_M: gl.constexpr, HALF: gl.constexpr,
-              WALK: gl.constexpr):
-    """1 warp: the loads of every K step of every tile of this CTA."""
+def _producer(p, sq, EPI: gl.constexpr, STAGES: gl.constexpr, GROUP_M: gl.constexpr, HALF: gl.constexpr,
+              WALK: gl.constexpr, SCHED: gl.constexpr):
+    """1 warp: the loads of every K step of every tile of this CTA (SCHED 1: tiles taken from the global
+    counter and handed to the consumers, ``gluon_moe_sched``)."""
     (a_desc, b_desc, sa_desc, sb_desc, a_bufs, b_bufs, sa_bufs, sb_bufs, ready, empty, xbar, amax_smem, bias_ptr,
      c_ptr, cs_ptr, sorted_ids_ptr, block_expert_ptr, weights_ptr, used_m, N, K, num_pairs, num_kb, stride_biase,
      stride_cm, stride_cs, limit, alpha, span_ptr) = p
     num_pid_n = gl.cdiv(N, BN)
     it = 0
-    for tile in range(gl.program_id(0), used_m * num_pid_n, gl.num_programs(0)):
-        pid_m, pid_n = _tile_mn(tile, used_m, num_pid_n, span_ptr, GROUP_M, WALK)
-        e = gl.load(block_expert_ptr + pid_m)
-        if HALF < 2:
-            it = _load_tile(p, pid_m, pid_n, e, True, it, STAGES, HALF)
-        else:
-            it = _load_tile(p, pid_m, pid_n, e, gl.load(sorted_ids_ptr + pid_m * BM + HM) < num_pairs, it, STAGES,
-                            HALF)
+    if SCHED == 0:
+        for tile in range(gl.program_id(0), used_m * num_pid_n, gl.num_programs(0)):
+            it = _produce(p, tile, it, num_pid_n, STAGES, GROUP_M, HALF, WALK)
+    else:
+        tiles_smem, tfull, tempty, counter_ptr = sq
+        tile = gl.program_id(0)
+        k = 0
+        while tile < used_m * num_pid_n:
+            _publish(tiles_smem, tfull, tempty, k, tile)
+            it = _produce(p, tile, it, num_pid_n, STAGES, GROUP_M, HALF, WALK)
+            k += 1
+            tile = _next(counter_ptr)
+        _publish(tiles_smem, tfull, tempty, k, used_m * num_pid_n)          # the end
+
+
+@gluon.jit
+def _produce(p, tile, it, num_pid_n, STAGES: gl.constexpr, GROUP_M: gl.constexpr, HALF: gl.constexpr,
+             WALK: gl.constexpr):
+    """The loads of walk position ``tile``; returns it."""
+    (a_desc, b_desc, sa_desc, sb_desc, a_bufs, b_bufs, sa_bufs, sb_bufs, ready, empty, xbar, amax_smem, bias_ptr,
+     c_ptr, cs_ptr, sorted_ids_ptr, block_expert_ptr, weights_ptr, used_m, N, K, num_pairs, num_kb, stride_biase,
+     stride_cm, stride_cs, limit, alpha, span_ptr) = p
+    pid_m, pid_n = _tile_mn(tile, used_m, num_pid_n, span_ptr, GROUP_M, WALK)
+    e = gl.load(block_expert_ptr + pid_m)
+    if HALF < 2:
+        it = _load_tile(p, pid_m, pid_n, e, True, it, STAGES, HALF)
+    else:
+        it = _load_tile(p, pid_m, pid_n, e, gl.load(sorted_ids_ptr + pid_m * BM + HM) < num_pairs, it, STAGES,
+                        HALF)
+    return it
 
 
 @gluon.jit
@@ -155,51 +179,74 @@ def _k_loop1(a_bufs, b_bufs, sa_bufs, sb_bufs, ready, empty, it, nk, j_sb, WG: g
 
 
 @gluon.jit
-def _consumer0(p, EPI: gl.constexpr, STAGES: gl.constexpr, GROUP_M: gl.constexpr, HALF: gl.constexpr, trace_ptr,
-               TRACE: gl.constexpr, WALK: gl.constexpr):
-    _consumer(p, 0, EPI, STAGES, GROUP_M, HALF, trace_ptr, TRACE, WALK)
+def _consumer0(p, sq, EPI: gl.constexpr, STAGES: gl.constexpr, GROUP_M: gl.constexpr, HALF: gl.constexpr, trace_ptr,
+               TRACE: gl.constexpr, WALK: gl.constexpr, SCHED: gl.constexpr):
+    _consumer(p, sq, 0, EPI, STAGES, GROUP_M, HALF, trace_ptr, TRACE, WALK, SCHED)
 
 
 @gluon.jit
-def _consumer1(p, EPI: gl.constexpr, STAGES: gl.constexpr, GROUP_M: gl.constexpr, HALF: gl.constexpr, trace_ptr,
-               TRACE: gl.constexpr, WALK: gl.constexpr):
-    _consumer(p, 1, EPI, STAGES, GROUP_M, HALF, trace_ptr, False, WALK)
+def _consumer1(p, sq, EPI: gl.constexpr, STAGES: gl.constexpr, GROUP_M: gl.constexpr, HALF: gl.constexpr, trace_ptr,
+               TRACE: gl.constexpr, WALK: gl.constexpr, SCHED: gl.constexpr):
+    _consumer(p, sq, 1, EPI, STAGES, GROUP_M, HALF, trace_ptr, False, WALK, SCHED)
 
 
 @gluon.jit
-def _consumer(p, WG: gl.constexpr, EPI: gl.constexpr, STAGES: gl.constexpr, GROUP_M: gl.constexpr,
-              HALF: gl.constexpr, trace_ptr, TRACE: gl.constexpr, WALK: gl.constexpr):
+def _consumer(p, sq, WG: gl.constexpr, EPI: gl.constexpr, STAGES: gl.constexpr, GROUP_M: gl.constexpr,
+              HALF: gl.constexpr, trace_ptr, TRACE: gl.constexpr, WALK: gl.constexpr, SCHED: gl.constexpr):
     """4 warps, every tile of this CTA. Full tile: rows [WG * HM, (WG + 1) * HM), all BN columns. Half
     tile (rows 64-127 all padding): HALF 0 / 2 / 3: rows 0-63, weight block WG (the consumers split N, as
     in ``gluon_moe_gemm``; the gate_up row amax is exchanged through shared memory); HALF 1: warpgroup 0
     alone, as in a full tile, while warpgroup 1 only releases the stages. TRACE (warpgroup 0): per-tile
-    start / end times into trace_ptr (``gluon_moe_trace``)."""
+    start / end times into trace_ptr (``gluon_moe_trace``). SCHED 1: tiles from the producer
+    (``gluon_moe_sched._receive``)."""
     (a_desc, b_desc, sa_desc, sb_desc, a_bufs, b_bufs, sa_bufs, sb_bufs, ready, empty, xbar, amax_smem, bias_ptr,
      c_ptr, cs_ptr, sorted_ids_ptr, block_expert_ptr, weights_ptr, used_m, N, K, num_pairs, num_kb, stride_biase,
      stride_cm, stride_cs, limit, alpha, span_ptr) = p
     num_pid_n = gl.cdiv(N, BN)
     it = 0
     hcount = 0                                                              # half tiles seen (amax exchange phase)
-    for tile in range(gl.program_id(0), used_m * num_pid_n, gl.num_programs(0)):
-        pid_m, pid_n = _tile_mn(tile, used_m, num_pid_n, span_ptr, GROUP_M, WALK)
-        e = gl.load(block_expert_ptr + pid_m)
-        if TRACE:
-            t0 = _now()
-        full = gl.load(sorted_ids_ptr + pid_m * BM + HM) < num_pairs          # rows 64-127 hold a routed pair
-        if full:
-            it = _full_tile(p, pid_m, pid_n, e, it, WG, EPI, STAGES)
-        elif HALF != 1:  # HALF 0, 2, 3: the consumers split N
-            it, hcount = _half_tile(p, pid_m, pid_n, e, it, hcount, WG, EPI, STAGES)
-        elif WG == 0:  # HALF 1: warpgroup 0 alone takes rows 0-63 and both weight blocks
-            it = _full_tile(p, pid_m, pid_n, e, it, 0, EPI, STAGES)
-        else:
-            for kb in range(gl.cdiv(K, BK)):
-                s = it % STAGES
-                mbarrier.wait(ready.index(s), (it // STAGES) & 1)
-                mbarrier.arrive(empty.index(s))
-                it += 1
-        if TRACE:
-            _trace(trace_ptr, tile, t0, pid_m, full)
+    if SCHED == 0:
+        for tile in range(gl.program_id(0), used_m * num_pid_n, gl.num_programs(0)):
+            it, hcount = _consume(p, tile, it, hcount, num_pid_n, WG, EPI, STAGES, GROUP_M, HALF, trace_ptr, TRACE,
+                                  WALK)
+    else:
+        tiles_smem, tfull, tempty, counter_ptr = sq
+        k = 0
+        tile = _receive(tiles_smem, tfull, tempty, k)
+        while tile < used_m * num_pid_n:
+            it, hcount = _consume(p, tile, it, hcount, num_pid_n, WG, EPI, STAGES, GROUP_M, HALF, trace_ptr, TRACE,
+                                  WALK)
+            k += 1
+            tile = _receive(tiles_smem, tfull, tempty, k)
+
+
+@gluon.jit
+def _consume(p, tile, it, hcount, num_pid_n, WG: gl.constexpr, EPI: gl.constexpr, STAGES: gl.constexpr,
+             GROUP_M: gl.constexpr, HALF: gl.constexpr, trace_ptr, TRACE: gl.constexpr, WALK: gl.constexpr):
+    """One consumer's share of walk position ``tile`` (K loop + epilogue); returns (it, hcount)."""
+    (a_desc, b_desc, sa_desc, sb_desc, a_bufs, b_bufs, sa_bufs, sb_bufs, ready, empty, xbar, amax_smem, bias_ptr,
+     c_ptr, cs_ptr, sorted_ids_ptr, block_expert_ptr, weights_ptr, used_m, N, K, num_pairs, num_kb, stride_biase,
+     stride_cm, stride_cs, limit, alpha, span_ptr) = p
+    pid_m, pid_n = _tile_mn(tile, used_m, num_pid_n, span_ptr, GROUP_M, WALK)
+    e = gl.load(block_expert_ptr + pid_m)
+    if TRACE:
+        t0 = _now()
+    full = gl.load(sorted_ids_ptr + pid_m * BM + HM) < num_pairs          # rows 64-127 hold a routed pair
+    if full:
+        it = _full_tile(p, pid_m, pid_n, e, it, WG, EPI, STAGES)
+    elif HALF != 1:  # HALF 0, 2, 3: the consumers split N
+        it, hcount = _half_tile(p, pid_m, pid_n, e, it, hcount, WG, EPI, STAGES)
+    elif WG == 0:  # HALF 1: warpgroup 0 alone takes rows 0-63 and both weight blocks
+        it = _full_tile(p, pid_m, pid_n, e, it, 0, EPI, STAGES)
+    else:
+        for kb in range(gl.cdiv(K, BK)):
+            s = it % STAGES
+            mbarrier.wait(ready.index(s), (it // STAGES) & 1)
+            mbarrier.arrive(empty.index(s))
+            it += 1
+    if TRACE:
+        _trace(trace_ptr, tile, t0, pid_m, full)
+    return it, hcount
 
 
 @gluon.jit
@@ -305,10 +352,10 @@ def moe_gemm_ws128_kernel(
     sorted_ids_ptr, block_expert_ptr, weights_ptr,
     num_blocks_m, N, K, num_pairs, num_kb,
     stride_biase, stride_cm, stride_cs,
-    limit, alpha, trace_ptr, span_ptr,
+    limit, alpha, trace_ptr, span_ptr, counter_ptr,
     EPI: gl.constexpr, STAGES: gl.constexpr, GROUP_M: gl.constexpr, CONSUMER_REGS: gl.constexpr,
     PRODUCER_REGS: gl.constexpr, num_warps: gl.constexpr, HALF: gl.constexpr = 0, TRACE: gl.constexpr = False,
-    WALK: gl.constexpr = 0,
+    WALK: gl.constexpr = 0, SCHED: gl.constexpr = 0,
 ):
     a_bufs = gl.allocate_shared_memory(gl.float8e4nv, [STAGES, BM, BK], a_desc.layout)
     b_bufs = gl.allocate_shared_memory(gl.float8e4nv, [STAGES, BN, BK], b_desc.layout)
@@ -328,6 +375,21 @@ def moe_gemm_ws128_kernel(
     p = (a_desc, b_desc, sa_desc, sb_desc, a_bufs, b_bufs, sa_bufs, sb_bufs, ready, empty, xbar, amax_smem, bias_ptr,
          c_ptr, cs_ptr, sorted_ids_ptr, block_expert_ptr, weights_ptr, used_m, N, K, num_pairs, num_kb, stride_biase,
          stride_cm, stride_cs, limit, alpha, span_ptr)
-    gl.warp_specialize([(_consumer0, (p, EPI, STAGES, GROUP_M, HALF, trace_ptr, TRACE, WALK)),
-                        (_consumer1, (p, EPI, STAGES, GROUP_M, HALF, trace_ptr, TRACE, WALK)),
-                        (_producer, (p, EPI, STAGES, GROUP_M, HALF, WALK))], [4, 1], [CONSUMER_REGS, PRODUCER_REGS])
+    if SCHED == 1:                                   # the tile ring of gluon_moe_sched
+        zl: gl.constexpr = gl.BlockedLayout([1], [32], [num_warps], [0])
+        tiles_smem = gl.allocate_shared_memory(gl.int32, [2, 32], gl.SwizzledSharedLayout(1, 1, 1, [0]))
+        for i in gl.static_range(2):
+            tiles_smem.index(i).store(gl.zeros([32], gl.int32, zl))        # zeros: see gluon_moe_sched._receive
+        tfull = gl.allocate_shared_memory(gl.int64, [2, 1], mbarrier.MBarrierLayout())
+        tempty = gl.allocate_shared_memory(gl.int64, [2, 1], mbarrier.MBarrierLayout())
+        for i in gl.static_range(2):
+            mbarrier.init(tfull.index(i), count=1)
+            mbarrier.init(tempty.index(i), count=2)
+        fence_async_shared()
+        sq = (tiles_smem, tfull, tempty, counter_ptr)
+    else:
+        sq = (counter_ptr, counter_ptr, counter_ptr, counter_ptr)        # unused
+    gl.warp_specialize([(_consumer0, (p, sq, EPI, STAGES, GROUP_M, HALF, trace_ptr, TRACE, WALK, SCHED)),
+                        (_consumer1, (p, sq, EPI, STAGES, GROUP_M, HALF, trace_ptr, TRACE, WALK, SCHED)),
+                        (_producer, (p, sq, EPI, STAGES, GROUP_M, HALF, WALK, SCHED))], [4, 1],
+                       [CONSUMER_REGS, PRODUCER_REGS])

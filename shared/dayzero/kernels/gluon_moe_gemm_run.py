@@ -54,6 +54,8 @@ class GluonConfig:
                                # faster in Gluon run 6's do_bench timing); False: the Triton path's four
     walk: int = 0              # tile walk: 0 = groups of group_m consecutive M blocks (a group can straddle
                                # two experts), 1 = groups inside each expert's run (AlignedPairs.block_span)
+    sched: int = 0             # bm 128: 0 = static round-robin tiles per CTA, 1 = dynamic (a global counter:
+                               # the next walk position goes to the first CTA that frees up; gluon_moe_sched)
 
 
 BM64 = GluonConfig()
@@ -107,6 +109,8 @@ def gemm_ws(a: torch.Tensor, a_scale_t: torch.Tensor, w: torch.Tensor, w_scale_k
         raise ValueError(f"half must be 0-3 and a trace needs 128-row tiles (half {cfg.half}, bm {bm})")
     if cfg.walk not in (0, 1) or (cfg.walk == 1 and al.block_span is None):
         raise ValueError(f"walk must be 0 or 1, and walk 1 needs the alignment's block_span (walk {cfg.walk})")
+    if cfg.sched not in (0, 1) or (cfg.sched and bm != 128):
+        raise ValueError(f"sched must be 0 or 1 (1: 128-row tiles only), got {cfg.sched} with bm {bm}")
     if not w.is_contiguous():
         raise ValueError("the Gluon MoE GEMM needs contiguous expert weights")
     E = w.shape[0]
@@ -123,8 +127,9 @@ def gemm_ws(a: torch.Tensor, a_scale_t: torch.Tensor, w: torch.Tensor, w_scale_k
                   PRODUCER_REGS=cfg.producer_regs, num_warps=4, maxnreg=cfg.maxnreg)
     span = al.block_span if cfg.walk else al.block_expert                  # (unused with walk 0)
     if bm == 128:
-        moe_gemm_ws128_kernel[(progs, )](*args, trace if trace is not None else out, span, HALF=cfg.half,
-                                         TRACE=trace is not None, WALK=cfg.walk, **consts)
+        counter = torch.zeros((1, ), dtype=torch.int32, device=a.device) if cfg.sched else al.block_expert
+        moe_gemm_ws128_kernel[(progs, )](*args, trace if trace is not None else out, span, counter, HALF=cfg.half,
+                                         TRACE=trace is not None, WALK=cfg.walk, SCHED=cfg.sched, **consts)
     else:
         moe_gemm_ws_kernel[(progs, )](*args, span, DIAG=cfg.diag, WALK=cfg.walk, **consts)
 
