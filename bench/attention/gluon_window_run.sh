@@ -1,0 +1,54 @@
+#!/usr/bin/env bash
+# Gluon sliding-window prefill (gluon_attention_window, opt-in) on the GPU in one device call (issue 5):
+# the configuration-free tests (schedule emulation, bad input), then per configuration of
+# GLUON_WINDOW_CONFIGS (default: every one of CONFIGS), each in its own process at once under its own
+# timeout (GLUON_WINDOW_TEST_S, default 90 s: a configuration that hangs costs only itself), the GPU tests of
+# tests/kernels/test_attention_gluon_window_gpu.py; then one timing process over the configurations that
+# passed beside the shipped Triton window kernel at 8k / 32k (gluon_window_bench.py, GLUON_WINDOW_BENCH_S,
+# default 120 s; GLUON_WINDOW_N=8192,... other lengths).
+# Writes $OUT/gluon_window.log, $OUT/gluon_window.json (rows; meta: commit, GPU, date) and
+# $OUT/gluon_window_parts.tgz (per-configuration pytest logs). Copy gluon_window.json to
+# bench/results/gluon-window-<date>.json afterwards.
+set -u
+cd "$(dirname "$0")/../.."
+source bench/steps.sh
+bench_env gluon_window.log
+cfgs="${GLUON_WINDOW_CONFIGS:-$(python3 -c 'from dayzero.kernels.gluon_attention_window import CONFIGS as c; print(",".join(c))')}"
+nvidia-smi --query-gpu=name,clocks.sm,clocks.max.sm,temperature.gpu,power.draw --format=csv | tee "$log"
+parts="$OUT/parts"
+mkdir -p "$parts"
+pt=(python3 -m pytest -q -p no:cacheprovider --noconftest -o addopts="" --durations=4
+    tests/kernels/test_attention_gluon_window_gpu.py)
+echo "=== tests without a configuration" | tee -a "$log"
+DAYZERO_GLUON_WINDOW_CFGS=w2 timeout 60 "${pt[@]}" -k "emulation or cta_tiles or refuses or listed or unsupported" \
+  2>&1 | tail -n 15 | tee -a "$log"
+echo "=== tests per configuration, in parallel ($(date -u +%H:%M:%S))" | tee -a "$log"
+for c in ${cfgs//,/ }; do
+  ( DAYZERO_GLUON_WINDOW_CFGS=$c timeout -k 5 "${GLUON_WINDOW_TEST_S:-90}" "${pt[@]}" \
+      -k "ragged or narrow or long or matches_emulation" > "$parts/test-$c.log" 2>&1; echo $? > "$parts/rc-$c" ) &
+done
+wait
+passed=""
+for c in ${cfgs//,/ }; do
+  trc=$(cat "$parts/rc-$c")
+  echo "=== $c: tests" | tee -a "$log"
+  tail -n 12 "$parts/test-$c.log" | tee -a "$log"
+  echo "=== $c: tests rc=$trc" | tee -a "$log"
+  if [ "$trc" = 0 ]; then passed="$passed,$c"; else rc=1; fi
+done
+if [ -n "$passed" ]; then
+  echo "=== bench ${passed#,} ($(date -u +%H:%M:%S))" | tee -a "$log"
+  timeout -k 5 "${GLUON_WINDOW_BENCH_S:-120}" python3 bench/attention/gluon_window_bench.py --out "$OUT" \
+    --configs "${passed#,}" ${GLUON_WINDOW_N:+--n "$GLUON_WINDOW_N"} 2>&1 | tee -a "$log"
+  brc=${PIPESTATUS[0]}
+  echo "=== bench rc=$brc" | tee -a "$log"
+  [ "$brc" = 0 ] || rc=1
+else
+  echo "=== no configuration passed its tests: nothing timed" | tee -a "$log"
+fi
+# machine paths out of the saved logs
+sed -i -E 's#(/[A-Za-z0-9._-]+)+/(site-packages|dist-packages)/#<site>/#g; s#/(root|tmp)/[^ :]*#<path>#g' \
+  "$log" "$parts"/*.log 2>/dev/null
+tar czf "$OUT/gluon_window_parts.tgz" -C "$OUT" parts && rm -rf "$parts"
+echo "gluon window: rc=$rc" | tee -a "$log"
+exit "$rc"

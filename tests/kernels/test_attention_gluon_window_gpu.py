@@ -1,0 +1,206 @@
+"""Gluon sliding-window prefill (``gluon_attention_window``, opt-in, window <= 128, head dim 64, no cached
+prefix) vs the torch reference op.
+
+CPU tests (no triton, run in CI): ``gluon_attention_window_schedule.emulate_window`` runs the kernel's tile
+schedule (CTA / warpgroup rows, the resident window's tiles, which are loaded, scored, masked; TMA reads past
+a sequence and past T; the sink rule) in torch and must match the reference; ``cta_tiles`` is checked
+against the visibility rule key by key; a wrong window makes the emulation fail (the check can fail).
+GPU tests (marked ``gpu``; skipped without CUDA or triton): fresh random inputs per case, the output
+poisoned with NaN (an unwritten element fails), relative error per sequence < 1e-2 against the reference;
+ragged lengths around every tile edge, sinks from very negative (no sink) to large, scores spread over
+hundreds of log2 units, keys whose scores keep growing, windows 128 / 100 / 1; unsupported calls raise.
+"""
+
+from __future__ import annotations
+
+import os
+
+import pytest
+import torch
+
+from dayzero.kernels import torch_attention as ref_ops
+from dayzero.kernels.gluon_attention_window_schedule import (BN, MAX_WINDOW, WM, check_window_supported, cta_tiles,
+                                                             emulate_window)
+from dayzero.kernels.triton_attention_cases import check_output, make_case, seq_errors
+
+TOL = 1e-2
+CUDA = torch.cuda.is_available()
+# lengths around every edge of 64-row warpgroups, 128 / 192-row CTAs and 64-key tiles
+EDGES = [1, 2, 63, 64, 65, 127, 128, 129, 191, 192, 193, 255, 256, 257, 300]
+
+
+# ---------------------------------------------------------------- CPU: the schedule in torch ----
+
+@pytest.mark.parametrize("nwg", [2, 3])
+@pytest.mark.parametrize("window", [128, 100, 1])
+def test_window_emulation_matches_reference(nwg, window):
+    """Every tile edge in one ragged batch (next sequences' rows read past each end, zeros past T)."""
+    case = make_case([129, 1, 64, 193, 300, 2, 65], [0] * 7, hq=16, hkv=2, window=window, sinks="mixed",
+                     dtype=torch.bfloat16, device="cpu", seed=3 + nwg + window)
+    ref = ref_ops.attention(*case.args())
+    out = emulate_window(case.q, case.k, case.v, case.cu_seqlens_q, case.sinks, case.scale, window, nwg)
+    assert not out.isnan().any(), "the schedule left rows unwritten"
+    errs = seq_errors(out, ref, case.cu_seqlens_q)
+    assert max(errs) < TOL, errs
+
+
+@pytest.mark.parametrize("sinks", ["neg", "large"])
+def test_window_emulation_extreme(sinks):
+    case = make_case([257, 70], [0, 0], hq=8, hkv=1, window=128, sinks=sinks, dtype=torch.bfloat16, device="cpu",
+                     seed=11)
+    case.q.mul_(30.0)  # scores over hundreds of log2 units
+    ref = ref_ops.attention(*case.args())
+    out = emulate_window(case.q, case.k, case.v, case.cu_seqlens_q, case.sinks, case.scale, 128)
+    assert max(seq_errors(out, ref, case.cu_seqlens_q)) < TOL
+
+
+def test_window_emulation_check_can_fail():
+    """A window one key too narrow is caught: the reference and the emulation then differ."""
+    case = make_case([300], [0], hq=8, hkv=1, window=128, dtype=torch.bfloat16, device="cpu", seed=13)
+    ref = ref_ops.attention(*case.args())
+    out = emulate_window(case.q, case.k, case.v, case.cu_seqlens_q, case.sinks, case.scale, 127)
+    assert max(seq_errors(out, ref, case.cu_seqlens_q)) > TOL
+
+
+@pytest.mark.parametrize("nwg", [2, 3])
+@pytest.mark.parametrize("window", [128, 100, 1])
+def test_cta_tiles_cover_the_window(nwg, window):
+    """Key by key: every key a stored row sees lies in a tile its warpgroup scores; an unmasked scored tile
+    holds no key that row must not see; scored tiles are loaded, lie in the sequence and in the CTA's
+    resident window; every loaded tile is scored by some live warpgroup (no TMA copy left in flight)."""
+    for q_len in EDGES + [1000, 1024, 1025]:
+        for m_start in range(0, q_len, WM * nwg):
+            i_lo, i_hi, wgs = cta_tiles(q_len, m_start, nwg, window)
+            assert 0 <= i_lo < i_hi <= nwg + 2
+            assert [wg.r0 for wg in wgs] == [r for r in range(m_start, min(m_start + WM * nwg, q_len), WM)]
+            scored = set()
+            for wg in wgs:
+                assert wg.tiles == sorted(wg.tiles) and wg.masked[0] and wg.masked[-1]
+                scored |= set(wg.tiles)
+                for i, masked in zip(wg.tiles, wg.masked):
+                    base = m_start - 2 * BN + i * BN
+                    assert i_lo <= i < i_hi and 0 <= base < q_len
+                    for r in range(wg.r0, min(wg.r0 + WM, q_len)):
+                        vis = [key for key in range(base, base + BN) if 0 <= r - key < window]
+                        if not masked:
+                            assert len(vis) == BN, (q_len, m_start, wg.r0, i, r)
+                for r in range(wg.r0, min(wg.r0 + WM, q_len)):
+                    for key in range(max(0, r - window + 1), r + 1):
+                        i = (key - (m_start - 2 * BN)) // BN
+                        assert i in wg.tiles, (q_len, m_start, r, key)
+            assert scored == set(range(i_lo, i_hi))
+
+
+def test_check_window_supported_refuses():
+    case = make_case([100], [0], hq=8, hkv=1, window=128, device="cpu")
+    out = torch.empty_like(case.q)
+    check_window_supported(case.q, case.k, case.v, out, 128)
+    for w in (0, MAX_WINDOW + 1):
+        with pytest.raises(ValueError, match="window"):
+            check_window_supported(case.q, case.k, case.v, out, w)
+    half = make_case([100], [0], hq=8, hkv=1, dtype=torch.float16, device="cpu")
+    with pytest.raises(ValueError, match="bf16"):
+        check_window_supported(half.q, half.k, half.v, torch.empty_like(half.q), 128)
+    wide = make_case([100], [0], hq=8, hkv=1, d=128, device="cpu")
+    with pytest.raises(ValueError, match="64"):
+        check_window_supported(wide.q, wide.k, wide.v, torch.empty_like(wide.q), 128)
+    odd = make_case([100], [0], hq=12, hkv=8, device="cpu")
+    with pytest.raises(ValueError, match="multiple"):
+        check_window_supported(odd.q, odd.k, odd.v, torch.empty_like(odd.q), 128)
+
+
+# ---------------------------------------------------------------- GPU ----
+
+def _gluon():
+    pytest.importorskip("triton", reason="the Gluon kernel needs triton")
+    from dayzero.kernels import gluon_attention_window as G
+    return G
+
+
+def _run(case, cfg_name: str) -> list[float]:
+    G = _gluon()
+    from gpu_util import poison
+    ref = ref_ops.attention(*case.args())
+    poison()
+    out = torch.full_like(case.q, float("nan"))
+    max_q = int((case.cu_seqlens_q[1:] - case.cu_seqlens_q[:-1]).max())
+    res = G.window_attention(*case.args(), max_q, out, config=G.CONFIGS[cfg_name])
+    torch.cuda.synchronize()
+    return check_output(res, out, ref, case.cu_seqlens_q, TOL)
+
+
+ALL_CFGS = ["w2", "w2_prod", "w3", "w2_1cta"]   # = gluon_attention_window.CONFIGS (checked below)
+# DAYZERO_GLUON_WINDOW_CFGS=a,b: only these (gluon_window_run.sh tests one configuration per process)
+CFGS = [c for c in os.environ.get("DAYZERO_GLUON_WINDOW_CFGS", "").split(",") if c] or ALL_CFGS
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not CUDA, reason="needs a CUDA GPU")
+@pytest.mark.parametrize("cfg", CFGS)
+@pytest.mark.parametrize("sinks", ["normal", "neg", "large", "mixed"])
+def test_gpu_window_ragged_edges(cfg, sinks):
+    """All tile-edge lengths in one batch: rows past each end read the next sequence, the last past T."""
+    _run(make_case(EDGES, [0] * len(EDGES), window=128, sinks=sinks, seed=17 + len(sinks), device="cuda"), cfg)
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not CUDA, reason="needs a CUDA GPU")
+@pytest.mark.parametrize("cfg", CFGS)
+@pytest.mark.parametrize("window", [100, 1])
+def test_gpu_window_narrow(cfg, window):
+    """A window below 128: the middle tile is masked too (MID_MASK)."""
+    _run(make_case([300, 129, 1, 64], [0] * 4, window=window, sinks="mixed", seed=19 + window, device="cuda"), cfg)
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not CUDA, reason="needs a CUDA GPU")
+@pytest.mark.parametrize("cfg", CFGS)
+def test_gpu_window_long_and_extreme_scores(cfg):
+    n = 4096 + 77
+    _run(make_case([n, 1100, 5], [0, 0, 0], window=128, sinks="normal", seed=5, device="cuda"), cfg)
+    case = make_case([n, 3], [0, 0], window=128, sinks="mixed", seed=6, device="cuda")
+    case.q.mul_(40.0)  # most probabilities underflow to 0
+    _run(case, cfg)
+    case = make_case([n], [0], window=128, sinks="large", seed=7, device="cuda")
+    ramp = torch.linspace(0.2, 4.0, n, device="cuda", dtype=torch.float32)[:, None, None]
+    case.k.copy_((case.k.float() * ramp).to(case.k.dtype))  # each row's max keeps rising
+    _run(case, cfg)
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not CUDA, reason="needs a CUDA GPU")
+@pytest.mark.parametrize("cfg", CFGS)
+def test_gpu_window_matches_emulation(cfg):
+    """The kernel and its torch schedule agree much closer than either to the bf16 reference tolerance."""
+    G = _gluon()
+    c = G.CONFIGS[cfg]
+    case = make_case([300, 129], [0, 0], hq=16, hkv=2, window=128, sinks="mixed", seed=23, device="cuda")
+    out = torch.full_like(case.q, float("nan"))
+    G.window_attention(*case.args(), 300, out, config=c)
+    emu = emulate_window(case.q.cpu(), case.k.cpu(), case.v.cpu(), case.cu_seqlens_q.cpu(), case.sinks.cpu(),
+                         case.scale, 128, nwg=c.nwg)
+    assert max(seq_errors(out.cpu(), emu.to(torch.bfloat16), case.cu_seqlens_q.cpu())) < 5e-3
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not CUDA, reason="needs a CUDA GPU")
+def test_gpu_window_configs_listed():
+    G = _gluon()
+    assert list(G.CONFIGS) == ALL_CFGS and set(CFGS) <= set(G.CONFIGS)
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not CUDA, reason="needs a CUDA GPU")
+def test_gpu_window_unsupported_calls_raise():
+    G = _gluon()
+    case = make_case([100], [0], window=128, device="cuda")
+    out = torch.empty_like(case.q)
+    args = list(case.args())
+    for w in (0, 129):
+        with pytest.raises(ValueError, match="window"):
+            G.window_attention(*args[:10], w, 100, out)
+    prefixed = make_case([100], [40], window=128, device="cuda")
+    with pytest.raises(ValueError, match="prefix"):
+        G.window_attention(*prefixed.args(), 100, torch.empty_like(prefixed.q))
+    with pytest.raises(ValueError, match="warpgroups"):
+        G.window_attention(*case.args(), 100, out, config=G.GluonWindowConfig(nwg=4))
