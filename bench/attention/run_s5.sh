@@ -55,6 +55,7 @@ export -f probe
 step probe 30 bash -c "probe quiet"
 step probe 30 bash -c "probe load"
 (cd "$OUT" && tar czf tests.tgz tests && rm -rf tests)
-sed -i -e 's#/[^ ]*/site-packages/#<site>/#g' -e 's#/root/[^ ]*#<home>#g' -e 's#/tmp/[^ ]*#<tmp>#g' "$log"
+sed -i -e 's#/[^ ]*/site-packages/#<site>/#g' -e 's#/root/[^ ]*#<home>#g' -e 's#/tmp/[^ ]*#<tmp>#g' \
+  -e 's#"/[^"]*/\(bench\|shared\|tests\)/#"\1/#g' "$log"
 echo "s5: rc=$rc" | tee -a "$log"
 exit $rc
