@@ -3,12 +3,13 @@
 At M <= 16 rows the op is a weight stream: q [4096 x 2880] is 11.8 MB, 2.8 us at 4.26 TB/s. The
 N tiles alone give too few programs to keep enough bytes in flight (q: 64 tiles of 64 rows), so
 the K blocks are split over ``SPLIT`` programs per N tile. Instead of a second reduce launch, each
-program adds its fp32 partial tile into a per-weight workspace with atomics and takes a ticket;
-the program holding the last ticket of its N tile reads the sum back while zeroing it
-(``atomic_xchg``), adds the bias, writes the bf16 output and resets the ticket. Workspace and
-tickets therefore are all zero between calls: no memset, no host sync, CUDA-graph safe. One
-workspace per weight (kept in ``LinearWeight.derived``): calls on the same weight must not run
-concurrently on two streams (the engine runs one forward at a time).
+program stores its fp32 partial tile into its own slice of a per-weight workspace [SPLIT, 16, N]
+and takes a ticket; the program holding the last ticket of its N tile sums the partials in split
+order (the same bits whatever order the programs ran in: graph and eager runs agree), adds the
+bias, writes the bf16 output and resets the ticket. Tickets are zero between calls and every
+partial is rewritten by each call: no memset, no host sync, CUDA-graph safe. One workspace per
+weight (kept in ``LinearWeight.derived``): calls on the same weight must not run concurrently on
+two streams (the engine runs one forward at a time).
 
 Weight layout: [N, K] float8_e4m3fn, one fp32 scale per 128x128 block (partial edge blocks masked).
 """
@@ -73,19 +74,17 @@ def _gemv_splitk_kernel(x_ptr, xs_ptr, w_ptr, s_ptr, bias_ptr, out_ptr, ws_ptr, 
     if SPLIT == 1:
         total = acc
     else:
-        ws_ptrs = ws_ptr + offs_m[:, None] * N + offs_n[None, :]                          # [16, N] fp32
-        tl.atomic_add(ws_ptrs, acc, mask=out_mask, sem="relaxed")
+        ws_ptrs = ws_ptr + offs_m[:, None] * N + offs_n[None, :]                          # [SPLIT, 16, N] fp32
+        tl.store(ws_ptrs + pid_k * 16 * N, acc, mask=out_mask)
         if not DOT_F32:  # (the CPU interpreter runs programs one by one and has no inline asm)
-            _fence_gpu(offs_m)       # every thread's adds are done at L2 before the ticket is taken
+            _fence_gpu(offs_m)       # every thread's stores are visible GPU-wide before the ticket is taken
         tl.debug_barrier()
         ticket = tl.atomic_add(ticket_ptr + pid_n, 1, sem="acq_rel")
         if ticket != SPLIT - 1:
             return
-        if DOT_F32:  # interpreter: no float atomic_xchg there; programs run one at a time
-            total = tl.load(ws_ptrs, mask=out_mask, other=0.0)
-            tl.store(ws_ptrs, tl.zeros((16, BN), tl.float32), mask=out_mask)
-        else:
-            total = tl.atomic_xchg(ws_ptrs, tl.zeros((16, BN), tl.float32), mask=out_mask, sem="acquire")
+        total = tl.zeros((16, BN), tl.float32)
+        for j in tl.static_range(SPLIT):   # split order: deterministic
+            total += tl.load(ws_ptrs + j * 16 * N, mask=out_mask, other=0.0, cache_modifier=".cg")
         tl.atomic_xchg(ticket_ptr + pid_n, 0, sem="relaxed")
     if HAS_BIAS:
         total += tl.load(bias_ptr + offs_n, mask=n_ok, other=0.0).to(tl.float32)[None, :]
@@ -103,7 +102,7 @@ class GemvConfig:
 
 @dataclass
 class _Workspace:
-    sums: torch.Tensor      # [16, N] fp32, zero between calls
+    partials: torch.Tensor  # [SPLIT, 16, N] fp32, one slice per K split, rewritten by every call
     tickets: torch.Tensor   # [ceil(N/bn)] int32, zero between calls
 
 
@@ -116,13 +115,13 @@ def choose_split(N: int, K: int, cfg: GemvConfig) -> int:
     return triton.cdiv(nkb, triton.cdiv(nkb, split))  # no empty splits
 
 
-def _workspace(weight: LinearWeight, bn: int) -> _Workspace:
-    key = f"gemv_ws_{bn}"
+def _workspace(weight: LinearWeight, bn: int, split: int) -> _Workspace:
+    key = f"gemv_ws_{bn}_{split}"
     ws = weight.derived.get(key)
     if ws is None:
         N = weight.weight.shape[0]
         dev = weight.weight.device
-        ws = _Workspace(torch.zeros((MAX_M, N), dtype=torch.float32, device=dev),
+        ws = _Workspace(torch.empty((split, MAX_M, N), dtype=torch.float32, device=dev),
                         torch.zeros((triton.cdiv(N, bn),), dtype=torch.int32, device=dev))
         weight.derived[key] = ws
     return ws
@@ -148,11 +147,11 @@ def gemv_fp8(x: torch.Tensor, weight: LinearWeight, cfg: GemvConfig | None = Non
         x = x.contiguous()
     out = torch.empty((M, N), dtype=torch.bfloat16, device=x.device)
     split = choose_split(N, K, cfg)
-    ws = _workspace(weight, cfg.bn) if split > 1 else None
+    ws = _workspace(weight, cfg.bn, split) if split > 1 else None
     bias = weight.bias
     _gemv_splitk_kernel[(triton.cdiv(N, cfg.bn), split)](
         x, x_scale if x_fp8 else s, w, s, bias if bias is not None else s, out,
-        ws.sums if ws else out, ws.tickets if ws else out,
+        ws.partials if ws else out, ws.tickets if ws else out,
         M, N, K, x.stride(0), x_scale.stride(0) if x_fp8 else 0, x_scale.stride(1) if x_fp8 else 0,
         w.stride(0), s.stride(0), out.stride(0),
         BN=cfg.bn, BK=BLOCK, SPLIT=split, HAS_BIAS=bias is not None, X_SCALED=x_fp8, DOT_F32=interpreting(),
