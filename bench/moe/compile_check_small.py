@@ -88,7 +88,7 @@ def split_configs(labels=None):
         for label, t in VARIANTS.items():
             if labels and label not in labels:
                 continue
-            if t.gemv:  # T = 1 runs the GEMV kernels (20B shapes, K = 2880)
+            if t.gemv and (kern is S.gate_up_kernel or t.gemv_down):  # T = 1 on the GEMV kernels (20B, K = 2880)
                 bn = t.bn_gate_up if kern is S.gate_up_kernel else t.bn_down
                 consts = dict(BN=bn, BK=t.gemv_bk, U=t.gemv_u, EVEN_K=2880 % (t.gemv_bk * t.gemv_u) == 0)
                 if kern is S.down_kernel:

@@ -5,7 +5,8 @@
 experts with 128x128 block scales, expert parallel through ``experts.derived["expert_offset"]``,
 static shapes for a given T and no host syncs (CUDA-graph capturable), bitwise repeatable
 (partials are summed in a fixed order). At T * k <= ``fuse_max_pairs`` two launches: gate_up and
-down (which also combines); above, plan + gate_up + down + combine.
+down (which also combines); above, plan + gate_up + down + combine. At T = 1 tiles with ``gemv``
+launch the CUDA-core GEMV kernels of ``triton_moe_small_gemv`` instead (still two launches).
 """
 
 from __future__ import annotations
@@ -27,7 +28,8 @@ SWIGLU_ALPHA = 1.702
 # one, from GPU run 5 (bench/results/moe-small-run5-20261130.json, CUDA graphs, top-4, default tiles):
 # every T * k <= 256 (T <= 64) except 8 < T * k <= 16 with < 64 local experts (20B T = 4: 122.5 vs
 # 119.5 us); e.g. 20B T = 1 59.3 vs 68.2 us, T = 64 266.6 vs 289.0; 120B T = 1 59.2 vs 71.2, T = 64
-# 848.2 vs 912.8 (bench/NOTES.md "MoE decode run 5").
+# 848.2 vs 912.8 (bench/NOTES.md "MoE decode run 5"). Run 8: 20B T = 4 on the best split tiles
+# (gv64_d32) 119.5 vs aligned 120.5 us, a tie: the exception stays.
 DECODE_MAX_PAIRS = 256
 BK = 128  # one weight scale block per K step
 
@@ -55,6 +57,7 @@ class SplitTiles:
     # T = 1 only: CUDA-core GEMV kernels (``triton_moe_small_gemv``) with N tiles bn_gate_up / bn_down,
     # K steps of gemv_bk (divides 128), gemv_u steps issued back to back
     gemv: bool = False
+    gemv_down: bool = True       # with ``gemv``: down on the GEMV kernel too (else the MMA down of bn_down)
     gemv_bk: int = 128
     gemv_u: int = 2
 
@@ -75,8 +78,8 @@ VARIANTS = {
     "bn128": SplitTiles(bn_gate_up=128, bn_down=128),
     "g64_d128": SplitTiles(bn_gate_up=64, bn_down=128),
     "k1": SplitTiles(bn_gate_up=32, bn_down=128, split_gate_up=1),
-    # candidates for the next device run (interpreter-checked only, not timed): down unsplit too (down
-    # at T = 1 is 20.6 us for 33 MB, ~1.6 TB/s, split 8 ways with tickets), and narrower gate_up tiles
+    # down unsplit too (run 8: d64 the default at T = 2, 76.1 vs k1 85.3 us; d32 / d64 down 18.9-19.6 vs
+    # 20.6 us at T = 1), and narrower gate_up tiles (k1_g16: 50 vs 33 us at T = 1, slower everywhere)
     "k1_d32": SplitTiles(bn_gate_up=32, bn_down=32, split_gate_up=1, split_down=1),
     "k1_d64": SplitTiles(bn_gate_up=32, bn_down=64, split_gate_up=1, split_down=1),
     "k1_g16": SplitTiles(bn_gate_up=16, bn_down=128, split_gate_up=1),
@@ -84,17 +87,22 @@ VARIANTS = {
     # already runs its 720 programs in one wave; its down (bn128 split 8, 142 registers, 3 per SM) runs
     # 736 programs in 1.86 waves. Down unsplit: d32 360 programs (72 registers, 7 per SM), d16 720 (61,
     # 8 per SM), all resident; g16w2: gate_up 16 wide on 2 warps (68 registers, 11 per SM: 1440 programs
-    # in one wave, 1452 slots)
+    # in one wave, 1452 slots). Run 8: d16 down slower (27.3 us at T = 1), g16w2 ~ k1_d32
     "k1_d16": SplitTiles(bn_gate_up=32, bn_down=16, split_gate_up=1, split_down=1),
     "k1_g16w2_d32": SplitTiles(bn_gate_up=16, bn_down=32, split_gate_up=1, split_down=1, warps=2, warps_down=4),
     # T = 1 on CUDA cores (``triton_moe_small_gemv``): no 16-row MMA tile for one row. sm_90 builds (U = 2
     # steps in flight): gate_up bn32 80 registers (6 per SM: 720 programs in one wave), 154 instructions
     # per warp and KB of weights (k1's MMA loop 187); bn64 127 (4 per SM, 360 programs), 121; down bn16
     # 56 registers, 221 per KB, bn32 80, 155 (k1's bn128 MMA 89). Above T = 1 they run MMA tiles
-    # (gv_d16 = k1_d16, gv_d32 = k1_d32, gv64_d32 = gate_up bn64 unsplit + down bn32 unsplit)
+    # (gv_d16 = k1_d16, gv_d32 = k1_d32, gv64_d32 = gate_up bn64 unsplit + down bn32 unsplit).
+    # Run 8 at T = 1 (20B): GEMV gate_up 25.6 us vs k1's 32.8 (issue-bound: -22 % time for -18 %
+    # instructions), GEMV down 21.2 (bn16) / 22.4 (bn32) vs MMA 18.9 (d32)
     "gv_d16": SplitTiles(bn_gate_up=32, bn_down=16, split_gate_up=1, split_down=1, gemv=True),
     "gv_d32": SplitTiles(bn_gate_up=32, bn_down=32, split_gate_up=1, split_down=1, gemv=True),
     "gv64_d32": SplitTiles(bn_gate_up=64, bn_down=32, split_gate_up=1, split_down=1, gemv=True),
+    # candidate for the next run (interpreter-checked, not timed): GEMV gate_up + MMA down unsplit bn32 at
+    # T = 1, the best stage of each in run 8 (25.6 + 18.9 us vs gv_d16's 25.6 + 21.2)
+    "gvg_d32": SplitTiles(bn_gate_up=32, bn_down=32, split_gate_up=1, split_down=1, gemv=True, gemv_down=False),
 }
 # the device tests run the engine on candidates before they become defaults: this environment variable
 # holds "name[@max_pairs],..." (``VARIANTS`` names); the first entry whose max_pairs >= T * k (or with
@@ -119,10 +127,15 @@ def takes_split(pairs: int, E: int) -> bool:
 
 
 def default_tiles(pairs: int, E: int) -> SplitTiles:
-    """Run 7: k1 at T * k <= 8 (20B T = 1 52.0 vs g64_d128 59.0 us, T = 2 85.6 vs 93.5; 120B 52.0 / 88.1
-    vs 58.8 / 96.7), bn64 above (run 5: bn128 and g64_d128 slower from T = 2 on; k1 not timed there).
-    ``DAYZERO_MOE_SMALL_TILES`` overrides it (``forced_tiles``: device tests of candidates)."""
-    return forced_tiles(pairs) or VARIANTS["k1" if pairs <= 8 else "bn64"]
+    """Run 8 (bench/NOTES.md "MoE decode run 8", same-run anchors, CUDA graphs): gv_d16 at T * k <= 4
+    (T = 1: GEMV kernels; 20B / 120B 46.0 / 46.7 vs k1 53.1 / 52.8 us), k1_d64 at <= 8 (T = 2: 76.1 / 79.6
+    vs 85.3 / 89.2), gv64_d32 at <= 16 (MMA tiles there; 120B T = 4 148.3 vs bn64 157.2; 20B T = 4 stays
+    on the aligned path, ``takes_split``), bn64 above (run 5). ``DAYZERO_MOE_SMALL_TILES`` overrides it
+    (``forced_tiles``: device tests of candidates)."""
+    forced = forced_tiles(pairs)
+    if forced is not None:
+        return forced
+    return VARIANTS["gv_d16" if pairs <= 4 else "k1_d64" if pairs <= 8 else "gv64_d32" if pairs <= 16 else "bn64"]
 
 
 def choose_split(requested: int, slots: int, n_tiles: int, K: int, tiles: SplitTiles) -> int:
@@ -172,6 +185,7 @@ class MoeSplit:
         self.tb = max(64, triton.next_power_of_2(T))
         self.fused = self.P <= t.fuse_max_pairs
         self.gemv = t.gemv and T == 1 and self.fused   # one row per route: CUDA-core GEMV kernels
+        self.gemv_down = self.gemv and t.gemv_down
         self.slots = self.P if self.fused else min(self.P, E)   # slot = pair (leader scan) or plan table row
         self.pb = max(16, triton.next_power_of_2(self.slots))
         self.slot_e = torch.empty((self.slots,), dtype=torch.int32, device=dev)
@@ -179,7 +193,7 @@ class MoeSplit:
         self.slot_pairs = torch.empty((self.slots, self.tb), dtype=torch.int32, device=dev)
         touched = min(self.P, E)  # slots that can be valid (split counts assume all of them are)
         self.s1 = 1 if self.gemv else choose_split(t.split_gate_up, touched, self.nt1, H, t)
-        self.s2 = 1 if self.gemv else choose_split(t.split_down, touched, self.nt2, I, t)
+        self.s2 = 1 if self.gemv_down else choose_split(t.split_down, touched, self.nt2, I, t)
         n1 = self.slots * self.nt1
         tickets = _tickets(experts, n1 + self.nt2, dev)
         self.tickets1, self.tickets2 = tickets[:n1], tickets[n1:]
@@ -220,7 +234,7 @@ class MoeSplit:
     def down(self) -> None:
         ex, t = self.ex, self.tiles
         w, s, b = ex.down, ex.down_scale, ex.down_bias
-        if self.gemv:
+        if self.gemv_down:
             gemv_down_kernel[(self.k * self.nt2,)](
                 self.h, self.ids, self.weights, w, s, b, self.y, self.out, self.tickets2, self.I, self.H, self.nt2,
                 self.P, self.offset, self.E, self.h.stride(0), w.stride(0), w.stride(1), s.stride(0), s.stride(1),
