@@ -264,9 +264,11 @@ def test_align_block_span(bm):
     assert torch.equal(al.block_span[:int((al.block_expert >= 0).sum())].cpu(), _runs_of(al.block_expert))
 
 
-# (T, E, H, I, top-k, seed, EP offset, global experts): 20B expert count (8-9 blocks an expert), 128 experts of
-# 1-3 blocks (H = I = 1024: the 120B expert count at a fraction of the memory), odd shapes, an EP slice
-SHAPE_CASES = ((2048, 32, 2880, 2880, 4, 81, 0, 32), (1024, 128, 1024, 1024, 4, 82, 0, 128),
+# (T, E, H, I, top-k, seed, EP offset, global experts): 20B expert count (8-9 blocks an expert), 64 experts of
+# 1-3 blocks (the 120B rows an expert at half its expert memory: six pytest workers building 120B experts at
+# once ran out of GPU memory in Gluon run 7; at H = I = 1024 the FP8 numerics sit just outside check's bound
+# for every configuration alike, run 8), odd shapes, an EP slice
+SHAPE_CASES = ((2048, 32, 2880, 2880, 4, 81, 0, 32), (2048, 64, 2880, 2880, 4, 82, 0, 64),
                (300, 6, 208, 336, 2, 83, 0, 6), (200, 8, 2880, 2880, 4, 84, 8, 32))
 WALK_CFGS = {"bm64": dict(bm=64, group_m=16), "bm128": dict(bm=128, group_m=8),
              "bm128_half2": dict(bm=128, group_m=8, half=2), "bm128_g16_glue": dict(bm=128, group_m=16, glue=True)}
