@@ -45,12 +45,12 @@ def _impl(name: str, p: dict, out: torch.Tensor, n: int):
 
 
 def main() -> int:
-    from dayzero.kernels.gluon_attention_window import CONFIGS
+    from dayzero.kernels.gluon_attention_window import RUN_CONFIGS
 
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--out", default=".")
     ap.add_argument("--n", default="8192,32768")
-    ap.add_argument("--configs", default=",".join(CONFIGS))
+    ap.add_argument("--configs", default=",".join(RUN_CONFIGS))
     a = ap.parse_args()
     out_dir = pathlib.Path(a.out)
     out_dir.mkdir(parents=True, exist_ok=True)

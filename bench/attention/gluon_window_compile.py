@@ -34,7 +34,7 @@ def check(name: str, window: int = 128) -> dict:
     sig = {n: "i32" for n in kern.arg_names}
     sig.update(q_desc=desc, k_desc=desc, v_desc=desc, cu_ptr="*i32", sink_ptr="*fp32", o_ptr="*bf16",
                qk_scale="fp32")
-    consts = dict(GROUP=8, NWG=cfg.nwg, MID_MASK=window < 128, CONSUMER_REGS=cfg.consumer_regs,
+    consts = dict(GROUP=8, TB=cfg.tb, HW=cfg.hw, HPC=cfg.hpc, MID_MASK=window < 128, CONSUMER_REGS=cfg.consumer_regs,
                   PRODUCER_REGS=cfg.producer_regs, num_warps=4, PRODUCER=cfg.producer)
     sig.update({k: "constexpr" for k in consts})
     # what the JIT specializes at a real launch: 16-byte aligned pointers, strides divisible by 16
@@ -45,7 +45,7 @@ def check(name: str, window: int = 128) -> dict:
     threads = 128 * (cfg.nwg + cfg.producer)           # the producer warp's warpgroup counts whole
     by_regs = 65536 // (threads * -(-b.regs // 8) * 8)  # allocated in steps of 8 per thread
     by_smem = 227 * 1024 // b.smem
-    return dict(config=name, window=window, nwg=cfg.nwg, regs_launch=b.regs, setmaxnreg=setmax,
+    return dict(config=name, window=window, tb=cfg.tb, hw=cfg.hw, hpc=cfg.hpc, regs_launch=b.regs, setmaxnreg=setmax,
                 consumer_regs=cfg.consumer_regs, smem_kb=round((b.smem - 1024) / 1024, 1),
                 ctas_per_sm=min(by_regs, by_smem), spill_ldl_stl=b.spills, hgmma=b.sass.count("HGMMA"),
                 mufu_ex2=b.sass.count("MUFU.EX2"),

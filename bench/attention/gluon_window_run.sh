@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Gluon sliding-window prefill (gluon_attention_window, opt-in) on the GPU in one device call (issue 5):
 # the configuration-free tests (schedule emulation, bad input), then per configuration of
-# GLUON_WINDOW_CONFIGS (default: every one of CONFIGS), each in its own process at once under its own
+# GLUON_WINDOW_CONFIGS (default: RUN_CONFIGS), each in its own process at once under its own
 # timeout (GLUON_WINDOW_TEST_S, default 90 s: a configuration that hangs costs only itself), the GPU tests of
 # tests/kernels/test_attention_gluon_window_gpu.py; then one timing process over the configurations that
 # passed beside the shipped Triton window kernel at 8k / 32k (gluon_window_bench.py, GLUON_WINDOW_BENCH_S,
@@ -13,7 +13,7 @@ set -u
 cd "$(dirname "$0")/../.."
 source bench/steps.sh
 bench_env gluon_window.log
-cfgs="${GLUON_WINDOW_CONFIGS:-$(python3 -c 'from dayzero.kernels.gluon_attention_window import CONFIGS as c; print(",".join(c))')}"
+cfgs="${GLUON_WINDOW_CONFIGS:-$(python3 -c 'from dayzero.kernels.gluon_attention_window import RUN_CONFIGS as c; print(",".join(c))')}"
 nvidia-smi --query-gpu=name,clocks.sm,clocks.max.sm,temperature.gpu,power.draw --format=csv | tee "$log"
 parts="$OUT/parts"
 mkdir -p "$parts"

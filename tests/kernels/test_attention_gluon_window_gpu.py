@@ -31,14 +31,14 @@ EDGES = [1, 2, 63, 64, 65, 127, 128, 129, 191, 192, 193, 255, 256, 257, 300]
 
 # ---------------------------------------------------------------- CPU: the schedule in torch ----
 
-@pytest.mark.parametrize("nwg", [2, 3])
+@pytest.mark.parametrize("tb", [1, 2, 3])
 @pytest.mark.parametrize("window", [128, 100, 1])
-def test_window_emulation_matches_reference(nwg, window):
+def test_window_emulation_matches_reference(tb, window):
     """Every tile edge in one ragged batch (next sequences' rows read past each end, zeros past T)."""
     case = make_case([129, 1, 64, 193, 300, 2, 65], [0] * 7, hq=16, hkv=2, window=window, sinks="mixed",
-                     dtype=torch.bfloat16, device="cpu", seed=3 + nwg + window)
+                     dtype=torch.bfloat16, device="cpu", seed=3 + tb + window)
     ref = ref_ops.attention(*case.args())
-    out = emulate_window(case.q, case.k, case.v, case.cu_seqlens_q, case.sinks, case.scale, window, nwg)
+    out = emulate_window(case.q, case.k, case.v, case.cu_seqlens_q, case.sinks, case.scale, window, tb)
     assert not out.isnan().any(), "the schedule left rows unwritten"
     errs = seq_errors(out, ref, case.cu_seqlens_q)
     assert max(errs) < TOL, errs
@@ -62,17 +62,17 @@ def test_window_emulation_check_can_fail():
     assert max(seq_errors(out, ref, case.cu_seqlens_q)) > TOL
 
 
-@pytest.mark.parametrize("nwg", [2, 3])
+@pytest.mark.parametrize("tb", [1, 2, 3])
 @pytest.mark.parametrize("window", [128, 100, 1])
-def test_cta_tiles_cover_the_window(nwg, window):
+def test_cta_tiles_cover_the_window(tb, window):
     """Key by key: every key a stored row sees lies in a tile its warpgroup scores; an unmasked scored tile
     holds no key that row must not see; scored tiles are loaded, lie in the sequence and in the CTA's
     resident window; every loaded tile is scored by some live warpgroup (no TMA copy left in flight)."""
     for q_len in EDGES + [1000, 1024, 1025]:
-        for m_start in range(0, q_len, WM * nwg):
-            i_lo, i_hi, wgs = cta_tiles(q_len, m_start, nwg, window)
-            assert 0 <= i_lo < i_hi <= nwg + 2
-            assert [wg.r0 for wg in wgs] == [r for r in range(m_start, min(m_start + WM * nwg, q_len), WM)]
+        for m_start in range(0, q_len, WM * tb):
+            i_lo, i_hi, wgs = cta_tiles(q_len, m_start, tb, window)
+            assert 0 <= i_lo < i_hi <= tb + 2
+            assert [wg.r0 for wg in wgs] == [r for r in range(m_start, min(m_start + WM * tb, q_len), WM)]
             scored = set()
             for wg in wgs:
                 assert wg.tiles == sorted(wg.tiles) and wg.masked[0] and wg.masked[-1]
@@ -129,7 +129,7 @@ def _run(case, cfg_name: str) -> list[float]:
     return check_output(res, out, ref, case.cu_seqlens_q, TOL)
 
 
-ALL_CFGS = ["w2", "w2_prod", "w3", "w2_1cta"]   # = gluon_attention_window.CONFIGS (checked below)
+ALL_CFGS = ["w2", "g2", "g4", "g8", "w3"]   # = gluon_attention_window.RUN_CONFIGS (checked below)
 # DAYZERO_GLUON_WINDOW_CFGS=a,b: only these (gluon_window_run.sh tests one configuration per process)
 CFGS = [c for c in os.environ.get("DAYZERO_GLUON_WINDOW_CFGS", "").split(",") if c] or ALL_CFGS
 
@@ -178,7 +178,7 @@ def test_gpu_window_matches_emulation(cfg):
     out = torch.full_like(case.q, float("nan"))
     G.window_attention(*case.args(), 300, out, config=c)
     emu = emulate_window(case.q.cpu(), case.k.cpu(), case.v.cpu(), case.cu_seqlens_q.cpu(), case.sinks.cpu(),
-                         case.scale, 128, nwg=c.nwg)
+                         case.scale, 128, tb=c.tb)
     assert max(seq_errors(out.cpu(), emu.to(torch.bfloat16), case.cu_seqlens_q.cpu())) < 5e-3
 
 
@@ -186,7 +186,7 @@ def test_gpu_window_matches_emulation(cfg):
 @pytest.mark.skipif(not CUDA, reason="needs a CUDA GPU")
 def test_gpu_window_configs_listed():
     G = _gluon()
-    assert list(G.CONFIGS) == ALL_CFGS and set(CFGS) <= set(G.CONFIGS)
+    assert tuple(ALL_CFGS) == G.RUN_CONFIGS and set(CFGS) <= set(G.CONFIGS)
 
 
 @pytest.mark.gpu
@@ -202,5 +202,7 @@ def test_gpu_window_unsupported_calls_raise():
     prefixed = make_case([100], [40], window=128, device="cuda")
     with pytest.raises(ValueError, match="prefix"):
         G.window_attention(*prefixed.args(), 100, torch.empty_like(prefixed.q))
-    with pytest.raises(ValueError, match="warpgroups"):
-        G.window_attention(*case.args(), 100, out, config=G.GluonWindowConfig(nwg=4))
+    for bad in (G.GluonWindowConfig(tb=1, hw=1), G.GluonWindowConfig(tb=1, hw=2, hpc=3),
+                G.GluonWindowConfig(tb=2, hw=2, hpc=2, producer=True)):
+        with pytest.raises(ValueError, match="warpgroups"):
+            G.window_attention(*case.args(), 100, out, config=bad)

@@ -6,11 +6,12 @@ resident window it loads and scores, which of them are masked and how, what TMA 
 past T, how the sink joins the softmax) is checked without a GPU. Gluon kernels cannot run in
 TRITON_INTERPRET; keep this module in step with the kernel.
 
-The schedule (head dim 64, window w <= 128, no cached prefix): a CTA owns one query head and BM = 64 NWG
-consecutive new tokens [m_start, m_start + BM) of one sequence; warpgroup g owns rows
-r0 = m_start + 64 g .. r0 + 63. Every key any of its rows may see lies in [m_start - 128, m_start + BM),
-NWG + 2 tiles of 64 keys; tile i holds keys [m_start - 128 + 64 i, + 64). Warpgroup g scores exactly
-tiles g, g + 1, g + 2 (keys r0 - 128 .. r0 + 63): 192 scores per row for at most 128 visible keys.
+The schedule (head dim 64, window w <= 128, no cached prefix): a CTA owns some query heads of one KV head
+and BM = 64 TB consecutive new tokens [m_start, m_start + BM) of one sequence; token block t holds rows
+r0 = m_start + 64 t .. r0 + 63 (of every head of the CTA; which warpgroup takes which head does not change
+the arithmetic). Every key any of its rows may see lies in [m_start - 128, m_start + BM), TB + 2 tiles of
+64 keys; tile i holds keys [m_start - 128 + 64 i, + 64). Token block t scores exactly tiles t, t + 1, t + 2
+(keys r0 - 128 .. r0 + 63): 192 scores per row for at most 128 visible keys.
   * tiles wholly before the sequence (i < 2 - m_start / 64: the first CTA's tiles 0 and 1) are neither
     loaded nor scored; tiles from the sequence's end on (first key >= q_len) are not loaded, and no live
     warpgroup scores them;
@@ -36,19 +37,19 @@ BN = 64           # keys per tile
 
 @dataclass(frozen=True)
 class WarpgroupTiles:
-    """The key tiles (indices into the CTA's resident window) one warpgroup scores, in order."""
+    """The key tiles (indices into the CTA's resident window) one token block's rows score, in order."""
 
     r0: int             # first query row (index in the sequence)
     tiles: list[int]    # tile indices, ascending; tile i holds keys [m_start - 128 + 64 i, + 64)
     masked: list[bool]  # per tile: masked (key <= query and query - key < window) or not
 
 
-def cta_tiles(q_len: int, m_start: int, nwg: int, window: int) -> tuple[int, int, list[WarpgroupTiles]]:
-    """What the kernel's prologue computes for the CTA at ``m_start``: (first loaded tile, end of loaded
-    tiles, per live warpgroup its tiles)."""
-    n_live = min(nwg, -(-(q_len - m_start) // WM))
+def cta_tiles(q_len: int, m_start: int, tb: int, window: int) -> tuple[int, int, list[WarpgroupTiles]]:
+    """What the kernel's prologue computes for the CTA at ``m_start`` with ``tb`` token blocks: (first
+    loaded tile, end of loaded tiles, per live token block its tiles)."""
+    n_live = min(tb, -(-(q_len - m_start) // WM))
     i_lo = max(0, 2 - m_start // BN)
-    i_hi = min(nwg + 2, n_live + 2)
+    i_hi = min(tb + 2, n_live + 2)
     wgs = []
     for g in range(n_live):
         i0 = max(g, i_lo)
@@ -80,8 +81,8 @@ def check_window_supported(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, ou
 
 
 def emulate_window(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cu_seqlens_q: torch.Tensor,
-                   sinks: torch.Tensor, scale: float, window: int, nwg: int = 2) -> torch.Tensor:
-    """The kernel's computation, CTA by CTA and warpgroup by warpgroup, in float32 with P rounded to bf16
+                   sinks: torch.Tensor, scale: float, window: int, tb: int = 2) -> torch.Tensor:
+    """The kernel's computation, CTA by CTA (``tb`` token blocks each) and token block by token block, in float32 with P rounded to bf16
     before the PV product: q [T, Hq, D], k/v [T, Hkv, D] (no cached prefix) -> [T, Hq, D] float32 (NaN
     where the kernel stores nothing)."""
     T, Hq, D = q.shape
@@ -91,8 +92,8 @@ def emulate_window(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cu_seqlens
     qk_scale = scale * LOG2E
     for b in range(len(cu) - 1):
         q_start, q_len = cu[b], cu[b + 1] - cu[b]
-        for m_start in range(0, q_len, WM * nwg):
-            _, _, wgs = cta_tiles(q_len, m_start, nwg, window)
+        for m_start in range(0, q_len, WM * tb):
+            _, _, wgs = cta_tiles(q_len, m_start, tb, window)
             for h in range(Hq):
                 kv = h // group
                 for wg in wgs:
