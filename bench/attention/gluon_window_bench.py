@@ -78,7 +78,8 @@ def main() -> int:
                          all_written=written)
                 doc["rows"].append(r)
                 print(f"N={n:>6} {name:<12} {ms * 1e3:8.1f} us eager {gms * 1e3:8.1f} us graph "
-                      f"{r['x_floor']:5.2f}x floor ({floor_ms * 1e3:.1f} us) err {err:.2e} written {written}", flush=True)
+                      f"{r['x_floor']:5.2f}x floor ({floor_ms * 1e3:.1f} us) err {err:.2e} written {written}",
+                      flush=True)
             except Exception as e:  # noqa: BLE001 - one configuration's failure keeps the others
                 doc["errors"].append(dict(n=n, impl=name, error=f"{type(e).__name__}: {str(e)[:400]}",
                                           trace=traceback.format_exc()[-1500:]))

@@ -16,8 +16,9 @@ Layout (``gluon_attention_window_schedule`` has the tile rules and a torch emula
   * the CTA's whole key window [m_start - 128, m_start + BM) is resident in shared memory: TB + 2 tiles
     of 64 keys, each tile with its own K and V mbarrier, every load issued once at the start (TMA; by the
     default warpgroup before the consumers start, or a producer warp), Q (TB x HPC boxes [64, 64]) each on
-    its own barrier, each warpgroup's first head first. Nothing is reused, so there is no ring, no ``empty`` barrier and no turn: each consumer waits
-    for what it reads and nothing else, and a warpgroup past the sequence's end simply exits. Latency is
+    its own barrier, each warpgroup's first head first. Nothing is reused, so there is no ring, no
+    ``empty`` barrier and no turn: each consumer waits for what it reads and nothing else, and a warpgroup
+    past the sequence's end simply exits. Latency is
     hidden by two CTAs per SM (w2, g2, g4: 8 warps x 128 registers, <= 96 KB of shared memory), not by a
     pipeline inside a CTA;
   * per 64 query rows r0 .. r0 + 63 of one head: three key tiles (keys r0 - 128 .. r0 + 63), FA3's order

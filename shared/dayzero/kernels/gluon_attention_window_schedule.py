@@ -82,9 +82,9 @@ def check_window_supported(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, ou
 
 def emulate_window(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cu_seqlens_q: torch.Tensor,
                    sinks: torch.Tensor, scale: float, window: int, tb: int = 2) -> torch.Tensor:
-    """The kernel's computation, CTA by CTA (``tb`` token blocks each) and token block by token block, in float32 with P rounded to bf16
-    before the PV product: q [T, Hq, D], k/v [T, Hkv, D] (no cached prefix) -> [T, Hq, D] float32 (NaN
-    where the kernel stores nothing)."""
+    """The kernel's computation, CTA by CTA (``tb`` token blocks each) and token block by token block, in
+    float32 with P rounded to bf16 before the PV product: q [T, Hq, D], k/v [T, Hkv, D] (no cached prefix)
+    -> [T, Hq, D] float32 (NaN where the kernel stores nothing)."""
     T, Hq, D = q.shape
     group = Hq // k.shape[1]
     out = torch.full((T, Hq, D), float("nan"))
