@@ -105,7 +105,8 @@ def split_configs(labels=None):
                 if kern is S.down_kernel:
                     consts["FUSE"] = fused
                 warps = t.warps_down or t.warps if kern is S.down_kernel else t.warps
-                yield f"{name} {label} {'T1' if fused else 'T64'}", kern, consts, warps, t.stages, 0
+                stages = t.stages_down or t.stages if kern is S.down_kernel else t.stages
+                yield f"{name} {label} {'T1' if fused else 'T64'}", kern, consts, warps, stages, 0
 
 
 def main() -> int:

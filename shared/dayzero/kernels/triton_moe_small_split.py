@@ -60,6 +60,7 @@ class SplitTiles:
     gemv_down: bool = True       # with ``gemv``: down on the GEMV kernel too (else the MMA down of bn_down)
     gemv_bk: int = 128
     gemv_u: int = 2
+    stages_down: int = 0         # pipeline depth of the MMA down kernel (0: ``stages``)
 
 
 # Candidate launch configurations (the GPU tests check each; the bench times each at every T).
@@ -100,9 +101,17 @@ VARIANTS = {
     "gv_d16": SplitTiles(bn_gate_up=32, bn_down=16, split_gate_up=1, split_down=1, gemv=True),
     "gv_d32": SplitTiles(bn_gate_up=32, bn_down=32, split_gate_up=1, split_down=1, gemv=True),
     "gv64_d32": SplitTiles(bn_gate_up=64, bn_down=32, split_gate_up=1, split_down=1, gemv=True),
-    # candidate for the next run (interpreter-checked, not timed): GEMV gate_up + MMA down unsplit bn32 at
-    # T = 1, the best stage of each in run 8 (25.6 + 18.9 us vs gv_d16's 25.6 + 21.2)
+    # candidates for run 9: GEMV gate_up + MMA down unsplit bn32 at T = 1, the best stage of each in run 8
+    # (25.6 + 18.9 us vs gv_d16's 25.6 + 21.2). Every run-8 down lands at 19-22 us for 33 MB whatever its
+    # shape, its read floor 11-13: by Little's law (~2 us loaded latency) a program keeps too few bytes in
+    # flight: d32 at 4 stages has 3 x 4 KB per program, 2.7 programs per SM = 33 KB per SM; 8 stages:
+    # 7 x 4 KB, 3 per SM (58 KB shared memory each, 360 programs in 396 slots) = 76 KB per SM. d64 at 6
+    # stages: 5 x 8 KB, 3 per SM (T = 2: 360 programs)
     "gvg_d32": SplitTiles(bn_gate_up=32, bn_down=32, split_gate_up=1, split_down=1, gemv=True, gemv_down=False),
+    "gvg_d32_s8": SplitTiles(bn_gate_up=32, bn_down=32, split_gate_up=1, split_down=1, gemv=True, gemv_down=False,
+                             stages_down=8),
+    "k1_d32_s8": SplitTiles(bn_gate_up=32, bn_down=32, split_gate_up=1, split_down=1, stages_down=8),
+    "k1_d64_s6": SplitTiles(bn_gate_up=32, bn_down=64, split_gate_up=1, split_down=1, stages_down=6),
 }
 # the device tests run the engine on candidates before they become defaults: this environment variable
 # holds "name[@max_pairs],..." (``VARIANTS`` names); the first entry whose max_pairs >= T * k (or with
@@ -246,7 +255,7 @@ class MoeSplit:
             self.slot_pairs, self.T, self.I, self.H, self.nt2, self.P, self.offset, self.E, self.slots,
             self.h.stride(0), w.stride(0), w.stride(1), s.stride(0), s.stride(1), b.stride(0), self.out.stride(0),
             FUSE=self.fused, BN=t.bn_down, SPLIT=self.s2, EVEN_N=self.H % t.bn_down == 0,
-            num_warps=t.warps_down or t.warps, **self.launch)
+            num_warps=t.warps_down or t.warps, **dict(self.launch, num_stages=t.stages_down or t.stages))
 
     def combine(self) -> None:
         if self.fused:
