@@ -18,8 +18,11 @@ MARGIN = 0.02
 
 
 def shipped(T: int) -> str:
-    """Shipped split tiles before run 8 (``default_tiles``: k1 at T * k <= 8, bn64 above)."""
-    return "k1" if T * K_TOP <= 8 else "bn64"
+    """The ``VARIANTS`` name of the shipped split tiles at T (``default_tiles``, 20B / 120B alike)."""
+    from dayzero.kernels.triton_moe_small_split import VARIANTS, default_tiles
+
+    t = default_tiles(T * K_TOP, 32)
+    return next(n for n, v in VARIANTS.items() if v == t)
 
 
 def pick(rows: list) -> tuple[str, list]:
