@@ -59,12 +59,14 @@ class GluonConfig:
 
 
 BM64 = GluonConfig()
-BM128 = dataclasses.replace(BM64, bm=128, group_m=8)  # 128-row tiles (gluon_moe_gemm128), same rows per M group
+# 128-row tiles (gluon_moe_gemm128), same rows per M group, tiles handed out by a global counter (sched 1)
+BM128 = dataclasses.replace(BM64, bm=128, group_m=8, sched=1)
 DEFAULT = BM64
 # Mean routed rows per local expert from which the registered op takes 128-row tiles (bench/NOTES.md, Gluon
-# run 5: 20B at 8192 tokens = 1024 rows an expert, layer 2.25 -> 2.00 ms; 120B at 8192 = 256 rows, where
-# ~20 % of the blocks are half tiles, 2.60 -> 2.68 ms: slower).
-BM128_MIN_ROWS_PER_EXPERT = 1024
+# run 8, CUDA-graph times at 8192 tokens: 120B = 256 rows an expert, random routing 2.686 ms on 64-row tiles
+# -> 2.399 on dynamically scheduled 128-row tiles, balanced 2.355 -> 2.119; 20B = 1024 rows, 2.041 -> 1.952).
+# Below 256 rows nothing was measured, so the 64-row kernel stays there.
+BM128_MIN_ROWS_PER_EXPERT = 256
 
 
 def config_for(num_pairs: int, num_experts: int) -> GluonConfig:
