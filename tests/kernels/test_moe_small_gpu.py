@@ -181,9 +181,10 @@ def test_split_no_local_route_gives_zeros(T):
     assert out.shape == (T, H) and (out == 0).all()
 
 
-@pytest.mark.parametrize("T,variant", [(1, None), (2, None), (16, None), (1, "gv_d16")])
+@pytest.mark.parametrize("T,variant", [(1, None), (2, None), (16, None), (1, "k1")])
 def test_split_deterministic_and_graph_replay_equals_eager(T, variant):
-    # default tiles: fused (leader slots, tickets in down) and plan + combine; gv_d16: the T = 1 GEMV kernels
+    # default tiles: T = 1 on the GEMV kernels, fused MMA tiles (leader slots, tickets in down), plan +
+    # combine at T = 16; k1: the MMA kernels at T = 1
     from dayzero.kernels.triton_moe_small_split import VARIANTS, MoeSplit, moe_split
 
     if DEV != "cuda":
