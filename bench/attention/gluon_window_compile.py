@@ -34,7 +34,8 @@ def check(name: str, window: int = 128) -> dict:
     sig = {n: "i32" for n in kern.arg_names}
     sig.update(q_desc=desc, k_desc=desc, v_desc=desc, cu_ptr="*i32", sink_ptr="*fp32", o_ptr="*bf16",
                qk_scale="fp32")
-    consts = dict(GROUP=8, TB=cfg.tb, HW=cfg.hw, HPC=cfg.hpc, MID_MASK=window < 128, CONSUMER_REGS=cfg.consumer_regs,
+    consts = dict(GROUP=8, TB=cfg.tb, HW=cfg.hw, HPC=cfg.hpc, MID_MASK=int(window < 128),
+                  DIAG_MASK=2 if cfg.causal_diag and window >= 64 else 1, CONSUMER_REGS=cfg.consumer_regs,
                   PRODUCER_REGS=cfg.producer_regs, num_warps=4, PRODUCER=cfg.producer)
     sig.update({k: "constexpr" for k in consts})
     # what the JIT specializes at a real launch: 16-byte aligned pointers, strides divisible by 16

@@ -23,9 +23,10 @@ Layout (``gluon_attention_window_schedule`` has the tile rules and a torch emula
     pipeline inside a CTA;
   * per 64 query rows r0 .. r0 + 63 of one head: three key tiles (keys r0 - 128 .. r0 + 63), FA3's order
     inside a warpgroup: S_i = Q K_i^T and O += P_{i-1} V_{i-1} issued together, the softmax of S_i under the
-    PV product; the first and the diagonal tile masked (key <= query, query - key < window), the middle
-    one not (w = 128). The softmax (middle tile), P -> bf16 A operand and the epilogue (the sink joins once,
-    O / l stored, rows past the end masked) are ``gluon_attention_prefill``'s helpers.
+    PV product; the first tile masked (key <= query, query - key < window), the middle one not (w = 128),
+    the diagonal causally only (``causal_diag``, w >= 64; both tests otherwise). The softmax (middle and
+    causal diagonal tile), P -> bf16 A operand and the epilogue (the sink joins once, O / l stored, rows past
+    the end masked) are ``gluon_attention_prefill``'s helpers.
 Importing this module imports triton's Gluon.
 """
 
@@ -61,6 +62,7 @@ class GluonWindowConfig:
     producer_regs: int = 24
     maxnreg: int = 128
     producer: bool = False    # True: a producer warp issues the loads; False: the default warpgroup, first
+    causal_diag: bool = True  # the diagonal tile tests key <= query only where the window spans it (w >= 64)
 
     @property
     def nwg(self) -> int:
@@ -77,8 +79,9 @@ CONFIGS = {"w2": GluonWindowConfig(),                                           
            "w2_1cta": GluonWindowConfig(consumer_regs=200, producer_regs=40, maxnreg=152, producer=True),
            # GQA sharing: the CTA's warpgroups on several heads of one KV head, one token block (3 K/V tiles)
            "g2": GluonWindowConfig(tb=1, hw=2, hpc=2),                                     # 2 CTAs per SM
-           "g4": GluonWindowConfig(tb=1, hw=2, hpc=4),                                     # 2 CTAs per SM
-           "g8": GluonWindowConfig(tb=1, hw=2, hpc=8)}                                     # 1 CTA per SM (smem)
+           # (causal_diag off: with it ptxas spills 6 / 2 in g4 / g8)
+           "g4": GluonWindowConfig(tb=1, hw=2, hpc=4, causal_diag=False),                  # 2 CTAs per SM
+           "g8": GluonWindowConfig(tb=1, hw=2, hpc=8, causal_diag=False)}                  # 1 CTA per SM (smem)
 DEFAULT = CONFIGS["w2"]
 # what gluon_window_run.sh tests and times by default (w2_prod spills in its sm_90 build; w2_1cta: a diagnostic)
 RUN_CONFIGS = ("w2", "g2", "g4", "g8", "w3")
@@ -121,7 +124,8 @@ def _issue_loads(p, TB: gl.constexpr, HW: gl.constexpr, HPC: gl.constexpr):
 
 
 @gluon.jit
-def _producer(p, TB: gl.constexpr, HW: gl.constexpr, HPC: gl.constexpr, MID_MASK: gl.constexpr):
+def _producer(p, TB: gl.constexpr, HW: gl.constexpr, HPC: gl.constexpr, MID_MASK: gl.constexpr,
+               DIAG_MASK: gl.constexpr):
     """1 warp (``producer`` configurations): the loads, while the consumers start."""
     _issue_loads(p, TB, HW, HPC)
 
@@ -144,7 +148,8 @@ def _softmax_masked(sacc, m_i, l_i, qk_scale, key0, rows, window):
 def _wstep(i, key0, o, p_prev, m_i, l_i, q_s, k_smem, v_smem, k_bar, v_bar, rows, qk_scale, window,
            MASK: gl.constexpr):
     """Tile i after the first: S_i = Q K_i^T and O += P_{i-1} V_{i-1} issued together; the softmax of S_i
-    runs while the PV product does; then O *= alpha. Every barrier completes once (phase 0)."""
+    runs while the PV product does; then O *= alpha. Every barrier completes once (phase 0). MASK: 0 none,
+    1 causal and window, 2 causal only."""
     s_l: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1], instr_shape=[16, BN, 16])
     o_l: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1], instr_shape=[16, HD, 16])
     mbarrier.wait(k_bar.index(i), 0)
@@ -153,9 +158,11 @@ def _wstep(i, key0, o, p_prev, m_i, l_i, q_s, k_smem, v_smem, k_bar, v_bar, rows
                          use_acc=False, is_async=True)
     o = warpgroup_mma(p_prev, v_smem.index(i - 1), o, is_async=True)
     sacc = warpgroup_mma_wait(1, deps=(sacc, ))              # S done; the PV product may still run
-    if MASK:
+    if MASK == 1:    # key <= query and query - key < window
         p, alpha, m_i, l_i = _softmax_masked(sacc, m_i, l_i, qk_scale, key0, rows, window)
-    else:
+    elif MASK == 2:  # key <= query only (the diagonal tile when the window spans it: w >= 64)
+        p, alpha, m_i, l_i = _softmax(sacc, m_i, l_i, qk_scale, key0 // BN, rows, True, BN)
+    else:            # every key visible
         p, alpha, m_i, l_i = _softmax(sacc, m_i, l_i, qk_scale, 0, rows, False, BN)
     o = warpgroup_mma_wait(0, deps=(o, ))
     o = o * gl.expand_dims(gl.convert_layout(alpha, gl.SliceLayout(1, o.type.layout)), 1)
@@ -163,9 +170,9 @@ def _wstep(i, key0, o, p_prev, m_i, l_i, q_s, k_smem, v_smem, k_bar, v_bar, rows
 
 
 @gluon.jit
-def _attend(q_s, h, tb, p, MID_MASK: gl.constexpr):
+def _attend(q_s, h, tb, p, MID_MASK: gl.constexpr, DIAG_MASK: gl.constexpr):
     """Query rows [r0, r0 + 64) (token block tb of the CTA) of head h: tiles max(tb, i_lo) .. tb + 2 of the
-    resident window, then the epilogue."""
+    resident window, then the epilogue. MID_MASK / DIAG_MASK: the middle / diagonal tile's mask (``_wstep``)."""
     (q_desc, k_desc, v_desc, q_smem, k_smem, v_smem, q_bar, k_bar, v_bar, o_ptr, sink_ptr, stride_ot, stride_oh,
      qk_scale, window, q_start, q_len, m_start, h0, hkv, n_live, i_lo, i_hi) = p
     s_l: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1], instr_shape=[16, BN, 16])
@@ -181,6 +188,8 @@ def _attend(q_s, h, tb, p, MID_MASK: gl.constexpr):
     sacc = warpgroup_mma_wait(0, deps=(sacc, ))
     m_i = gl.full([WM], -1.0e30, gl.float32, gl.SliceLayout(1, s_l))       # finite: no inf - inf
     l_i = gl.zeros([WM], gl.float32, gl.SliceLayout(1, s_l))
+    # (both tests: the window's edge, or at a sequence's start the middle or diagonal tile; a run-time
+    # choice of mask here duplicates the softmax and makes g4 / g8 spill)
     pr, alpha, m_i, l_i = _softmax_masked(sacc, m_i, l_i, qk_scale, key_base + i0 * BN, rows, window)
     pa = _to_a(pr, o_l)
     o = gl.zeros([WM, HD], gl.float32, o_l)
@@ -188,10 +197,10 @@ def _attend(q_s, h, tb, p, MID_MASK: gl.constexpr):
     for i in range(i0 + 1, tb + 2):
         o, pa, m_i, l_i = _wstep(i, key_base + i * BN, o, pa, m_i, l_i, q_s, k_smem, v_smem, k_bar, v_bar,
                                  rows, qk_scale, window, MID_MASK)
-    # ---- the diagonal tile, if not already the first ----
+    # ---- the diagonal tile, if not already the first (causal only when the window spans it) ----
     if i0 < tb + 2:
         o, pa, m_i, l_i = _wstep(tb + 2, key_base + (tb + 2) * BN, o, pa, m_i, l_i, q_s, k_smem, v_smem,
-                                 k_bar, v_bar, rows, qk_scale, window, True)
+                                 k_bar, v_bar, rows, qk_scale, window, DIAG_MASK)
     # ---- last PV, then the sink joins the softmax once ----
     mbarrier.wait(v_bar.index(tb + 2), 0)
     o = warpgroup_mma(pa, v_smem.index(tb + 2), o, is_async=True)
@@ -200,43 +209,49 @@ def _attend(q_s, h, tb, p, MID_MASK: gl.constexpr):
 
 
 @gluon.jit
-def _consumer(p, WG: gl.constexpr, TB: gl.constexpr, HW: gl.constexpr, HPC: gl.constexpr, MID_MASK: gl.constexpr):
+def _consumer(p, WG: gl.constexpr, TB: gl.constexpr, HW: gl.constexpr, HPC: gl.constexpr, MID_MASK: gl.constexpr,
+               DIAG_MASK: gl.constexpr):
     """4 warps: token block WG % TB of the CTA, heads (WG // TB) * HPC / HW .. one after the other."""
     (q_desc, k_desc, v_desc, q_smem, k_smem, v_smem, q_bar, k_bar, v_bar, o_ptr, sink_ptr, stride_ot, stride_oh,
      qk_scale, window, q_start, q_len, m_start, h0, hkv, n_live, i_lo, i_hi) = p
     tb: gl.constexpr = WG % TB
     HPW: gl.constexpr = HPC // HW
     if tb < n_live:
-        for j in range(HPW):  # head (WG // TB) * HPW + j of the CTA (a loop: unrolled, ptxas overlaps heads and spills)
+        for j in range(HPW):  # head (WG // TB) * HPW + j of the CTA (rolled: unrolled, ptxas overlaps heads, spills)
             box = ((WG // TB) * HPW + j) * TB + tb
             mbarrier.wait(q_bar.index(box), 0)
-            _attend(q_smem.index(box), h0 + (WG // TB) * HPW + j, tb, p, MID_MASK)
+            _attend(q_smem.index(box), h0 + (WG // TB) * HPW + j, tb, p, MID_MASK, DIAG_MASK)
 
 
 @gluon.jit
-def _consumer0(p, TB: gl.constexpr, HW: gl.constexpr, HPC: gl.constexpr, MID_MASK: gl.constexpr):
-    _consumer(p, 0, TB, HW, HPC, MID_MASK)
+def _consumer0(p, TB: gl.constexpr, HW: gl.constexpr, HPC: gl.constexpr, MID_MASK: gl.constexpr,
+               DIAG_MASK: gl.constexpr):
+    _consumer(p, 0, TB, HW, HPC, MID_MASK, DIAG_MASK)
 
 
 @gluon.jit
-def _consumer1(p, TB: gl.constexpr, HW: gl.constexpr, HPC: gl.constexpr, MID_MASK: gl.constexpr):
-    _consumer(p, 1, TB, HW, HPC, MID_MASK)
+def _consumer1(p, TB: gl.constexpr, HW: gl.constexpr, HPC: gl.constexpr, MID_MASK: gl.constexpr,
+               DIAG_MASK: gl.constexpr):
+    _consumer(p, 1, TB, HW, HPC, MID_MASK, DIAG_MASK)
 
 
 @gluon.jit
-def _consumer2(p, TB: gl.constexpr, HW: gl.constexpr, HPC: gl.constexpr, MID_MASK: gl.constexpr):
-    _consumer(p, 2, TB, HW, HPC, MID_MASK)
+def _consumer2(p, TB: gl.constexpr, HW: gl.constexpr, HPC: gl.constexpr, MID_MASK: gl.constexpr,
+               DIAG_MASK: gl.constexpr):
+    _consumer(p, 2, TB, HW, HPC, MID_MASK, DIAG_MASK)
 
 
 @gluon.jit
-def _consumer3(p, TB: gl.constexpr, HW: gl.constexpr, HPC: gl.constexpr, MID_MASK: gl.constexpr):
-    _consumer(p, 3, TB, HW, HPC, MID_MASK)
+def _consumer3(p, TB: gl.constexpr, HW: gl.constexpr, HPC: gl.constexpr, MID_MASK: gl.constexpr,
+               DIAG_MASK: gl.constexpr):
+    _consumer(p, 3, TB, HW, HPC, MID_MASK, DIAG_MASK)
 
 
 @gluon.jit
 def window_kernel(q_desc, k_desc, v_desc, cu_ptr, sink_ptr, o_ptr, stride_ot, stride_oh, qk_scale, window,
                   GROUP: gl.constexpr, TB: gl.constexpr, HW: gl.constexpr, HPC: gl.constexpr,
-                  MID_MASK: gl.constexpr, CONSUMER_REGS: gl.constexpr, PRODUCER_REGS: gl.constexpr,
+                  MID_MASK: gl.constexpr, DIAG_MASK: gl.constexpr, CONSUMER_REGS: gl.constexpr,
+                  PRODUCER_REGS: gl.constexpr,
                   num_warps: gl.constexpr, PRODUCER: gl.constexpr = False):
     """Grid (query-head blocks of HPC, query tiles of BM = 64 TB tokens, sequences)."""
     BM: gl.constexpr = TB * WM
@@ -271,27 +286,29 @@ def window_kernel(q_desc, k_desc, v_desc, cu_ptr, sink_ptr, o_ptr, stride_ot, st
         _issue_loads(p, TB, HW, HPC)
     if PRODUCER:
         if NWG == 2:
-            gl.warp_specialize([(_consumer0, (p, TB, HW, HPC, MID_MASK)),
-                                (_consumer1, (p, TB, HW, HPC, MID_MASK)),
-                                (_producer, (p, TB, HW, HPC, MID_MASK))], [4, 1], [CONSUMER_REGS, PRODUCER_REGS])
+            gl.warp_specialize([(_consumer0, (p, TB, HW, HPC, MID_MASK, DIAG_MASK)),
+                                (_consumer1, (p, TB, HW, HPC, MID_MASK, DIAG_MASK)),
+                                (_producer, (p, TB, HW, HPC, MID_MASK, DIAG_MASK))], [4, 1],
+                               [CONSUMER_REGS, PRODUCER_REGS])
         else:
-            gl.warp_specialize([(_consumer0, (p, TB, HW, HPC, MID_MASK)),
-                                (_consumer1, (p, TB, HW, HPC, MID_MASK)),
-                                (_consumer2, (p, TB, HW, HPC, MID_MASK)),
-                                (_producer, (p, TB, HW, HPC, MID_MASK))], [4, 4, 1],
+            gl.warp_specialize([(_consumer0, (p, TB, HW, HPC, MID_MASK, DIAG_MASK)),
+                                (_consumer1, (p, TB, HW, HPC, MID_MASK, DIAG_MASK)),
+                                (_consumer2, (p, TB, HW, HPC, MID_MASK, DIAG_MASK)),
+                                (_producer, (p, TB, HW, HPC, MID_MASK, DIAG_MASK))], [4, 4, 1],
                                [CONSUMER_REGS, CONSUMER_REGS, PRODUCER_REGS])
     elif NWG == 2:
-        gl.warp_specialize([(_consumer0, (p, TB, HW, HPC, MID_MASK)),
-                            (_consumer1, (p, TB, HW, HPC, MID_MASK))], [4], [CONSUMER_REGS])
+        gl.warp_specialize([(_consumer0, (p, TB, HW, HPC, MID_MASK, DIAG_MASK)),
+                            (_consumer1, (p, TB, HW, HPC, MID_MASK, DIAG_MASK))], [4], [CONSUMER_REGS])
     elif NWG == 3:
-        gl.warp_specialize([(_consumer0, (p, TB, HW, HPC, MID_MASK)),
-                            (_consumer1, (p, TB, HW, HPC, MID_MASK)),
-                            (_consumer2, (p, TB, HW, HPC, MID_MASK))], [4, 4], [CONSUMER_REGS, CONSUMER_REGS])
+        gl.warp_specialize([(_consumer0, (p, TB, HW, HPC, MID_MASK, DIAG_MASK)),
+                            (_consumer1, (p, TB, HW, HPC, MID_MASK, DIAG_MASK)),
+                            (_consumer2, (p, TB, HW, HPC, MID_MASK, DIAG_MASK))], [4, 4],
+                           [CONSUMER_REGS, CONSUMER_REGS])
     else:
-        gl.warp_specialize([(_consumer0, (p, TB, HW, HPC, MID_MASK)),
-                            (_consumer1, (p, TB, HW, HPC, MID_MASK)),
-                            (_consumer2, (p, TB, HW, HPC, MID_MASK)),
-                            (_consumer3, (p, TB, HW, HPC, MID_MASK))], [4, 4, 4],
+        gl.warp_specialize([(_consumer0, (p, TB, HW, HPC, MID_MASK, DIAG_MASK)),
+                            (_consumer1, (p, TB, HW, HPC, MID_MASK, DIAG_MASK)),
+                            (_consumer2, (p, TB, HW, HPC, MID_MASK, DIAG_MASK)),
+                            (_consumer3, (p, TB, HW, HPC, MID_MASK, DIAG_MASK))], [4, 4, 4],
                            [CONSUMER_REGS, CONSUMER_REGS, CONSUMER_REGS])
 
 def window_attention(q, k, v, k_cache, v_cache, block_tables, cu_seqlens_q, cached_lens, sinks,
@@ -316,7 +333,8 @@ def window_attention(q, k, v, k_cache, v_cache, block_tables, cu_seqlens_q, cach
     grid = (Hq // cfg.hpc, -(-max_seqlen_q // cfg.block_m), B)
     window_kernel[grid](_desc(q, 64), _desc(k, 64), _desc(v, 64), cu_seqlens_q, sinks, out, out.stride(0),
                         out.stride(1), scale * LOG2E, window, GROUP=group, TB=cfg.tb, HW=cfg.hw, HPC=cfg.hpc,
-                        MID_MASK=window < MAX_WINDOW, CONSUMER_REGS=cfg.consumer_regs,
+                        MID_MASK=int(window < MAX_WINDOW),
+                        DIAG_MASK=2 if cfg.causal_diag and window >= 64 else 1, CONSUMER_REGS=cfg.consumer_regs,
                         PRODUCER_REGS=cfg.producer_regs, num_warps=4, maxnreg=cfg.maxnreg, PRODUCER=cfg.producer)
     return out
 
