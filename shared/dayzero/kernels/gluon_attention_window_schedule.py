@@ -12,15 +12,16 @@ r0 = m_start + 64 t .. r0 + 63 (of every head of the CTA; which warpgroup takes 
 the arithmetic). Every key any of its rows may see lies in [m_start - 128, m_start + BM), TB + 2 tiles of
 64 keys; tile i holds keys [m_start - 128 + 64 i, + 64). Token block t scores exactly tiles t, t + 1, t + 2
 (keys r0 - 128 .. r0 + 63): 192 scores per row for at most 128 visible keys.
-  * tiles wholly before the sequence (i < 2 - m_start / 64: the first CTA's tiles 0 and 1) are neither
-    loaded nor scored; tiles from the sequence's end on (first key >= q_len) are not loaded, and no live
-    warpgroup scores them;
-  * the first tile a warpgroup scores is masked both ways (key <= query and query - key < w): with
-    w = 128 it is the window's edge (tile g) or, in the first CTA, the diagonal / middle tile;
-  * tile g + 1 (keys r0 - 64 .. r0 - 1: query - key in [1, 127]) is unmasked when w == 128
-    (``mid_masked``: masked both ways for a narrower window);
-  * tile g + 2 (the diagonal) is masked both ways;
-  * warpgroups whose rows all lie past the sequence's end do nothing.
+  * tiles wholly before the sequence (i < 2 - m_start / 64: a sequence's first tiles) are neither loaded
+    nor scored; tiles from the sequence's end on (first key >= q_len) are not loaded, and no live token
+    block scores them;
+  * the first tile a token block scores is masked both ways (key <= query and query - key < w): with
+    w = 128 it is the window's edge (tile t) or, at a sequence's start, the middle / diagonal tile;
+  * tile t + 1 (keys r0 - 64 .. r0 - 1: query - key in [1, 127]) is unmasked when w == 128 (masked both
+    ways for a narrower window);
+  * tile t + 2 (the diagonal) is masked both ways (the kernel's ``causal_diag`` tests key <= query only:
+    the same set where the window spans the tile, w >= 64);
+  * token blocks whose rows all lie past the sequence's end do nothing.
 """
 
 from __future__ import annotations
