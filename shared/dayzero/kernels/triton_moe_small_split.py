@@ -136,15 +136,16 @@ def takes_split(pairs: int, E: int) -> bool:
 
 
 def default_tiles(pairs: int, E: int) -> SplitTiles:
-    """Run 8 (bench/NOTES.md "MoE decode run 8", same-run anchors, CUDA graphs): gv_d16 at T * k <= 4
-    (T = 1: GEMV kernels; 20B / 120B 46.0 / 46.7 vs k1 53.1 / 52.8 us), k1_d64 at <= 8 (T = 2: 76.1 / 79.6
+    """Runs 8 and 9 (bench/NOTES.md "MoE decode run 8" / "run 9", same-run anchors, CUDA graphs): gvg_d32 at
+    T * k <= 4 (T = 1: GEMV kernels, down with a deeper pipeline; run 9: 20B / 120B 44.8 / 43.9 vs gv_d16
+    45.9 / 46.8 us, run 8: gv_d16 46.0 / 46.7 vs k1 53.1 / 52.8), k1_d64 at <= 8 (T = 2: 76.1 / 79.6
     vs 85.3 / 89.2), gv64_d32 at <= 16 (MMA tiles there; 120B T = 4 148.3 vs bn64 157.2; 20B T = 4 stays
     on the aligned path, ``takes_split``), bn64 above (run 5). ``DAYZERO_MOE_SMALL_TILES`` overrides it
     (``forced_tiles``: device tests of candidates)."""
     forced = forced_tiles(pairs)
     if forced is not None:
         return forced
-    return VARIANTS["gv_d16" if pairs <= 4 else "k1_d64" if pairs <= 8 else "gv64_d32" if pairs <= 16 else "bn64"]
+    return VARIANTS["gvg_d32" if pairs <= 4 else "k1_d64" if pairs <= 8 else "gv64_d32" if pairs <= 16 else "bn64"]
 
 
 def choose_split(requested: int, slots: int, n_tiles: int, K: int, tiles: SplitTiles) -> int:
