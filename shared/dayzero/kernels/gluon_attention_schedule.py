@@ -38,24 +38,30 @@ def tile_plan(q_len: int, block_m: int, block_n: int) -> list[CtaTiles]:
     return plan
 
 
-def check_supported(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, out: torch.Tensor, window: int,
-                    block_n: int, nwg: int) -> None:
-    """Raise ValueError unless the kernel supports this call (full causal, D 64, bf16, TMA-able rows)."""
-    if window != 0:
-        raise ValueError(f"the Gluon prefill kernel is full causal only (window {window})")
+def check_tensors(what: str, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, out: torch.Tensor) -> None:
+    """Raise ValueError unless q [T, Hq, 64], k / v [T, Hkv, 64] (Hq a multiple of Hkv) and out are bf16 with
+    the rows a TMA descriptor can read (what: the kernel's name, for the message)."""
     if q.dim() != 3 or k.dim() != 3 or v.dim() != 3 or q.shape[2] != HEAD_D or k.shape[2] != HEAD_D \
             or v.shape != k.shape or q.shape[0] != k.shape[0]:
-        raise ValueError(f"the Gluon prefill kernel needs q [T, Hq, 64], k/v [T, Hkv, 64]; got {tuple(q.shape)}, "
+        raise ValueError(f"the {what} kernel needs q [T, Hq, 64], k/v [T, Hkv, 64]; got {tuple(q.shape)}, "
                          f"{tuple(k.shape)}, {tuple(v.shape)}")
     if q.shape[1] % k.shape[1]:
         raise ValueError(f"query heads {q.shape[1]} are not a multiple of KV heads {k.shape[1]}")
     if any(t.dtype != torch.bfloat16 for t in (q, k, v, out)):
-        raise ValueError("the Gluon prefill kernel needs bf16 q, k, v and out")
+        raise ValueError(f"the {what} kernel needs bf16 q, k, v and out")
     if out.shape != q.shape or out.stride(2) != 1:
         raise ValueError(f"out must be [T, Hq, 64] with contiguous rows, got {tuple(out.shape)}")
     for name, t in (("q", q), ("k", k), ("v", v)):
         if t.stride(2) != 1 or t.stride(1) != HEAD_D or (t.stride(0) * 2) % 16 or t.data_ptr() % 16:
             raise ValueError(f"{name} must have contiguous [H, 64] rows at 16-byte aligned strides (TMA)")
+
+
+def check_supported(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, out: torch.Tensor, window: int,
+                    block_n: int, nwg: int) -> None:
+    """Raise ValueError unless the kernel supports this call (full causal, D 64, bf16, TMA-able rows)."""
+    if window != 0:
+        raise ValueError(f"the Gluon prefill kernel is full causal only (window {window})")
+    check_tensors("Gluon prefill", q, k, v, out)
     if block_n not in (64, 128) or nwg not in (2, 3):
         raise ValueError(f"block_n must be 64 or 128 and nwg 2 or 3 (got {block_n}, {nwg})")
 

@@ -30,7 +30,7 @@ from dataclasses import dataclass
 
 import torch
 
-from .gluon_attention_schedule import HEAD_D, LOG2E, WM, _rows
+from .gluon_attention_schedule import LOG2E, WM, _rows, check_tensors
 
 MAX_WINDOW = 128  # two tiles of 64 keys before a warpgroup's first row
 BN = 64           # keys per tile
@@ -66,19 +66,7 @@ def check_window_supported(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, ou
     TMA-able rows)."""
     if not 0 < window <= MAX_WINDOW:
         raise ValueError(f"the Gluon window kernel needs a sliding window in [1, {MAX_WINDOW}] (got {window})")
-    if q.dim() != 3 or k.dim() != 3 or v.dim() != 3 or q.shape[2] != HEAD_D or k.shape[2] != HEAD_D \
-            or v.shape != k.shape or q.shape[0] != k.shape[0]:
-        raise ValueError(f"the Gluon window kernel needs q [T, Hq, 64], k/v [T, Hkv, 64]; got {tuple(q.shape)}, "
-                         f"{tuple(k.shape)}, {tuple(v.shape)}")
-    if q.shape[1] % k.shape[1]:
-        raise ValueError(f"query heads {q.shape[1]} are not a multiple of KV heads {k.shape[1]}")
-    if any(t.dtype != torch.bfloat16 for t in (q, k, v, out)):
-        raise ValueError("the Gluon window kernel needs bf16 q, k, v and out")
-    if out.shape != q.shape or out.stride(2) != 1:
-        raise ValueError(f"out must be [T, Hq, 64] with contiguous rows, got {tuple(out.shape)}")
-    for name, t in (("q", q), ("k", k), ("v", v)):
-        if t.stride(2) != 1 or t.stride(1) != HEAD_D or (t.stride(0) * 2) % 16 or t.data_ptr() % 16:
-            raise ValueError(f"{name} must have contiguous [H, 64] rows at 16-byte aligned strides (TMA)")
+    check_tensors("Gluon window", q, k, v, out)
 
 
 def emulate_window(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cu_seqlens_q: torch.Tensor,
