@@ -7,7 +7,9 @@ to the runtime call that launched it, and that call's host timestamp to the inne
 around it on the same thread. Per op: the summed GPU durations (what the GPU really spent, however
 far the host ran ahead), the host time inside the range (profiler overhead included) and the call
 count. GPU time launched outside every op range (embedding, residual adds, logits gather) is
-reported as ``(outside ops)``.
+reported as ``(outside ops)``. Where the GPU sat idle between two activities (the host had not
+launched the next one yet, or waited on a sync), the gap counts as ``idle_ms`` of the op that
+launched the activity ending it: the ops the GPU waits for.
 
 Without a GPU (or when the profiler captured no GPU activity) the per-op figure is the host time of
 the range, which is the compute time there because CPU ops run synchronously; ``mode`` says which.
@@ -45,6 +47,7 @@ class OpStat:
     gpu_ms: float = 0.0     # summed GPU activity (profile mode) / event time (sync mode) / host time (cpu)
     host_ms: float = 0.0    # host time inside the op's range (the Python call, launches included)
     calls: int = 0
+    idle_ms: float = 0.0    # GPU idle right before this op's activities (profile mode)
 
 
 @dataclass
@@ -54,6 +57,8 @@ class Breakdown:
     mode: str                                   # "profiler-gpu" | "profiler-host" | "sync"
     ops: dict[str, OpStat] = field(default_factory=dict)
     outside_ms: float = 0.0                     # GPU time launched outside every op range
+    outside_idle_ms: float = 0.0                # GPU idle before activities launched outside every op range
+    gpu_span_ms: float = 0.0                    # first GPU activity's start to the last one's end
     wall_ms: float = 0.0                        # the profiled forward, host wall clock (device synced)
     gpu_events: int = 0
     unmatched_launches: int = 0                 # GPU events whose launch call the trace did not show
@@ -66,14 +71,20 @@ class Breakdown:
     def total_ms(self) -> float:
         return self.ops_ms + self.outside_ms
 
+    @property
+    def idle_ms(self) -> float:
+        return sum(s.idle_ms for s in self.ops.values()) + self.outside_idle_ms
+
     def to_json(self) -> dict:
-        return {k: {"gpu_ms": v.gpu_ms, "host_ms": v.host_ms, "calls": v.calls} for k, v in self.ops.items()}
+        return {k: {"gpu_ms": v.gpu_ms, "host_ms": v.host_ms, "calls": v.calls, "idle_ms": v.idle_ms}
+                for k, v in self.ops.items()}
 
     def summary(self, untimed_ms: float | None) -> dict:
         """The check: per-op sum (+ outside) against the untimed forward of the same shape."""
         out = {"mode": self.mode, "ops_sum_ms": self.ops_ms, "outside_ops_ms": self.outside_ms,
                "total_ms": self.total_ms, "profiled_wall_ms": self.wall_ms, "gpu_events": self.gpu_events,
                "unmatched_launches": self.unmatched_launches,
+               "gpu_span_ms": self.gpu_span_ms, "gpu_idle_ms": self.idle_ms, "outside_idle_ms": self.outside_idle_ms,
                "untimed_forward_ms": untimed_ms}
         if untimed_ms:
             out["total_over_untimed"] = self.total_ms / untimed_ms
@@ -226,9 +237,13 @@ def attribute(events: list[dict]) -> Breakdown:
         outside, unmatched = 0.0, 0
     else:
         ops = {k: OpStat(host_ms=v.host_ms, calls=v.calls) for k, v in host.items()}
-        outside, unmatched = 0.0, 0
+        outside, outside_idle, unmatched = 0.0, 0.0, 0
+        gpu.sort(key=lambda e: float(e["ts"]))
+        busy_until = float(gpu[0]["ts"])                # end of the GPU's latest activity so far (us)
         for e in gpu:
-            dur = float(e.get("dur", 0.0)) / 1e3
+            ts, dur = float(e["ts"]), float(e.get("dur", 0.0))
+            idle = max(0.0, ts - busy_until) / 1e3
+            busy_until = max(busy_until, ts + dur)
             corr = (e.get("args") or {}).get("correlation")
             if corr in launches:
                 key = enclosing(*launches[corr])
@@ -236,21 +251,32 @@ def attribute(events: list[dict]) -> Breakdown:
                 key = ext_keys.get((e.get("args") or {}).get("External id"))
                 unmatched += 1
             if key is None:
-                outside += dur
+                outside += dur / 1e3
+                outside_idle += idle
             else:
-                ops.setdefault(key, OpStat()).gpu_ms += dur
+                stat = ops.setdefault(key, OpStat())
+                stat.gpu_ms += dur / 1e3
+                stat.idle_ms += idle
+        span = (busy_until - float(gpu[0]["ts"])) / 1e3
         mode = "profiler-gpu"
     ops = dict(sorted(ops.items(), key=lambda kv: -kv[1].gpu_ms))
-    return Breakdown(mode=mode, ops=ops, outside_ms=outside, gpu_events=len(gpu), unmatched_launches=unmatched)
+    bd = Breakdown(mode=mode, ops=ops, outside_ms=outside, gpu_events=len(gpu), unmatched_launches=unmatched)
+    if gpu:
+        bd.outside_idle_ms, bd.gpu_span_ms = outside_idle, span
+    return bd
 
 
 def print_breakdown(bd: dict | None, check: dict | None = None) -> None:
     """Print the per-op rows of ``Breakdown.to_json()`` and the sum-vs-forward check."""
     for k, v in (bd or {}).items():
-        print(f"  {k:40s} gpu {v['gpu_ms']:9.3f} ms  host {v['host_ms']:9.3f} ms  calls {v['calls']}")
+        idle = f"  idle before {v['idle_ms']:8.3f} ms" if v.get("idle_ms") else ""
+        print(f"  {k:40s} gpu {v['gpu_ms']:9.3f} ms  host {v['host_ms']:9.3f} ms  calls {v['calls']}{idle}")
     if check:
         unt = check.get("untimed_forward_ms")
         print(f"  per-op sum {check['ops_sum_ms']:.3f} ms + outside ops {check['outside_ops_ms']:.3f} ms = "
               f"{check['total_ms']:.3f} ms ({check['mode']}); untimed forward "
               f"{'%.3f ms' % unt if unt else 'n/a'}; profiled wall {check['profiled_wall_ms']:.3f} ms; "
               f"{check.get('gpu_events', 0)} GPU events, {check.get('unmatched_launches', 0)} without a launch record")
+        if check.get("gpu_span_ms"):
+            print(f"  GPU span {check['gpu_span_ms']:.3f} ms, idle inside it {check['gpu_idle_ms']:.3f} ms "
+                  f"(before activities launched outside ops {check.get('outside_idle_ms', 0.0):.3f} ms)")

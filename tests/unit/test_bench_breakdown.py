@@ -47,6 +47,31 @@ def test_attribute_matches_kernels_to_the_range_that_launched_them():
     assert OUTSIDE not in bd.ops
 
 
+def test_attribute_counts_gpu_idle_before_the_op_that_ends_it():
+    """A gap between GPU activities is idle time of the op whose launch ended it (what the GPU waited for)."""
+    ev = [
+        _x("user_annotation", "op:attention", 0, 10),
+        _x("cuda_runtime", "cudaLaunchKernel", 2, 1, corr=1),
+        _x("user_annotation", "op:moe_experts", 20, 30),
+        _x("cuda_runtime", "cudaLaunchKernel", 40, 1, corr=2),
+        _x("cuda_runtime", "cudaLaunchKernel", 45, 1, corr=3),
+        _x("cuda_runtime", "cudaLaunchKernel", 60, 1, corr=4),     # outside every op range
+        _x("kernel", "k1", 100, 50, tid=7, corr=1),                # GPU busy 100-150
+        _x("kernel", "k2", 170, 30, tid=7, corr=2),                # 20 us idle, then moe
+        _x("kernel", "k3", 190, 40, tid=8, corr=3),                # overlaps k2 on another stream: no idle
+        _x("kernel", "k4", 260, 5, tid=7, corr=4),                 # 30 us idle before an outside activity
+    ]
+    bd = attribute(ev)
+    assert bd.ops["attention"].idle_ms == pytest.approx(0.0)
+    assert bd.ops["moe_experts"].idle_ms == pytest.approx(0.020)
+    assert bd.outside_idle_ms == pytest.approx(0.030)
+    assert bd.idle_ms == pytest.approx(0.050)
+    assert bd.gpu_span_ms == pytest.approx(0.165)
+    summ = bd.summary(None)
+    assert summ["gpu_idle_ms"] == pytest.approx(0.050) and summ["gpu_span_ms"] == pytest.approx(0.165)
+    assert bd.to_json()["moe_experts"]["idle_ms"] == pytest.approx(0.020)
+
+
 def test_attribute_falls_back_to_the_external_id_when_the_launch_is_missing():
     rng = _x("user_annotation", "op:linear[8x8]", 0, 10)
     rng["args"]["External id"] = 42
