@@ -7,7 +7,7 @@ a sequence and past T; the sink rule) in torch and must match the reference; ``c
 against the visibility rule key by key; a wrong window makes the emulation fail (the check can fail).
 GPU tests (marked ``gpu``; skipped without CUDA or triton): fresh random inputs per case, the output
 poisoned with NaN (an unwritten element fails), relative error per sequence < 1e-2 against the reference;
-ragged lengths around every tile edge, sinks from very negative (no sink) to large, scores spread over
+ragged lengths around every tile edge (and version 2's 16-token units), sinks from very negative (no sink) to large, scores spread over
 hundreds of log2 units, keys whose scores keep growing, windows 128 / 100 / 1; unsupported calls raise.
 """
 
@@ -19,8 +19,9 @@ import pytest
 import torch
 
 from dayzero.kernels import torch_attention as ref_ops
-from dayzero.kernels.gluon_attention_window_schedule import (BN, MAX_WINDOW, WM, check_window_supported, cta_tiles,
-                                                             emulate_window)
+from dayzero.kernels.gluon_attention_window_schedule import (BN, MAX_WINDOW, PK_KEYS, PK_TOK, WM,
+                                                             check_window_supported, cta_tiles, emulate_window,
+                                                             emulate_window_packed, packed_bounds, packed_chunk)
 from dayzero.kernels.triton_attention_cases import check_output, make_case, seq_errors
 
 TOL = 1e-2
@@ -91,6 +92,65 @@ def test_cta_tiles_cover_the_window(tb, window):
             assert scored == set(range(i_lo, i_hi))
 
 
+# ---- version 2 (gluon_attention_window_packed): GQA-packed units of 4 heads x 16 tokens, 144 keys each ----
+
+@pytest.mark.parametrize("window", [128, 100, 1])
+def test_packed_emulation_matches_reference(window):
+    """Version 2's arithmetic (one 144-key tile a unit, the sink in the row max, keys below the sequence from
+    the previous one or TMA zero fill) on a ragged batch: every unit edge, GQA group 8."""
+    case = make_case([129, 1, 16, 17, 193, 300, 2, 65], [0] * 8, hq=16, hkv=2, window=window, sinks="mixed",
+                     dtype=torch.bfloat16, device="cpu", seed=31 + window)
+    ref = ref_ops.attention(*case.args())
+    out = emulate_window_packed(case.q, case.k, case.v, case.cu_seqlens_q, case.sinks, case.scale, window)
+    assert not out.isnan().any(), "the schedule left rows unwritten"
+    errs = seq_errors(out, ref, case.cu_seqlens_q)
+    assert max(errs) < TOL, errs
+
+
+@pytest.mark.parametrize("sinks", ["neg", "large"])
+def test_packed_emulation_extreme(sinks):
+    case = make_case([257, 70], [0, 0], hq=8, hkv=1, window=128, sinks=sinks, dtype=torch.bfloat16, device="cpu",
+                     seed=37)
+    case.q.mul_(30.0)  # scores over hundreds of log2 units
+    ref = ref_ops.attention(*case.args())
+    out = emulate_window_packed(case.q, case.k, case.v, case.cu_seqlens_q, case.sinks, case.scale, 128)
+    assert max(seq_errors(out, ref, case.cu_seqlens_q)) < TOL
+
+
+def test_packed_check_can_fail():
+    """A window one key too narrow is caught by the same comparison."""
+    case = make_case([300], [0], hq=8, hkv=1, window=128, dtype=torch.bfloat16, device="cpu", seed=41)
+    ref = ref_ops.attention(*case.args())
+    out = emulate_window_packed(case.q, case.k, case.v, case.cu_seqlens_q, case.sinks, case.scale, 127)
+    assert max(seq_errors(out, ref, case.cu_seqlens_q)) > TOL
+
+
+@pytest.mark.parametrize("window", [128, 100, 64, 1])
+def test_packed_bounds_are_the_window(window):
+    """Key by key: the kernel's columns lo[r] .. hi[r] of a unit at t0 are exactly the keys row r's token may
+    see (key >= 0, key <= token, token - key < window), and every such key lies in the unit's 144."""
+    for t0 in range(0, 400, PK_TOK):
+        lo, hi = packed_bounds(t0, window)
+        for r in range(WM):
+            t = t0 + r % PK_TOK
+            cols = {c for c in range(PK_KEYS) if lo[r] <= c <= hi[r]}
+            want = {key - (t0 - 128) for key in range(max(0, t - window + 1), t + 1)}
+            assert cols == want, (t0, r, window)
+            assert hi[r] < PK_KEYS
+
+
+def test_packed_chunks_cover_the_sequence():
+    """Chunks of units: every unit of the longest sequence in exactly one CTA, ~one CTA per SM, >= min_units."""
+    for n, streams, sms, min_units in [(8192, 8, 132, 8), (32768, 8, 132, 8), (1, 8, 132, 8), (300, 16, 132, 8),
+                                       (100000, 1, 132, 2), (64, 8, 1, 1)]:
+        per, chunks = packed_chunk(n, streams, sms, min_units)
+        units = -(-n // PK_TOK)
+        assert per >= 1 and per * chunks >= units and per * (chunks - 1) < units
+        assert per >= min(min_units, units)
+        if min_units < per < units:                    # sized by the SM count, not a bound
+            assert chunks * streams <= 2 * sms
+
+
 def test_check_window_supported_refuses():
     case = make_case([100], [0], hq=8, hkv=1, window=128, device="cpu")
     out = torch.empty_like(case.q)
@@ -129,7 +189,7 @@ def _run(case, cfg_name: str) -> list[float]:
     return check_output(res, out, ref, case.cu_seqlens_q, TOL)
 
 
-ALL_CFGS = ["w2", "g2", "g4", "g8", "w3"]   # = gluon_attention_window.RUN_CONFIGS (checked below)
+ALL_CFGS = ["g4", "pk3", "pk2"]   # = gluon_attention_window.RUN_CONFIGS (checked below)
 # DAYZERO_GLUON_WINDOW_CFGS=a,b: only these (gluon_window_run.sh tests one configuration per process)
 CFGS = [c for c in os.environ.get("DAYZERO_GLUON_WINDOW_CFGS", "").split(",") if c] or ALL_CFGS
 
@@ -177,8 +237,8 @@ def test_gpu_window_matches_emulation(cfg):
     case = make_case([300, 129], [0, 0], hq=16, hkv=2, window=128, sinks="mixed", seed=23, device="cuda")
     out = torch.full_like(case.q, float("nan"))
     G.window_attention(*case.args(), 300, out, config=c)
-    emu = emulate_window(case.q.cpu(), case.k.cpu(), case.v.cpu(), case.cu_seqlens_q.cpu(), case.sinks.cpu(),
-                         case.scale, 128, tb=c.tb)
+    cpu = (case.q.cpu(), case.k.cpu(), case.v.cpu(), case.cu_seqlens_q.cpu(), case.sinks.cpu(), case.scale, 128)
+    emu = emulate_window_packed(*cpu) if cfg.startswith("pk") else emulate_window(*cpu, tb=c.tb)
     assert max(seq_errors(out.cpu(), emu.to(torch.bfloat16), case.cu_seqlens_q.cpu())) < 5e-3
 
 
@@ -206,3 +266,6 @@ def test_gpu_window_unsupported_calls_raise():
                 G.GluonWindowConfig(tb=2, hw=2, hpc=2, producer=True)):
         with pytest.raises(ValueError, match="warpgroups"):
             G.window_attention(*case.args(), 100, out, config=bad)
+    g4 = make_case([100], [0], hq=16, hkv=4, window=128, device="cuda")       # version 2 needs a group of 8
+    with pytest.raises(ValueError, match="group of 8"):
+        G.window_attention(*g4.args(), 100, torch.empty_like(g4.q), config=G.CONFIGS["pk3"])

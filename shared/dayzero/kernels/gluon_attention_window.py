@@ -1,7 +1,8 @@
 """Sliding-window (w <= 128) causal prefill attention with sinks in Gluon (Hopper, sm_90). Opt-in, not wired.
 
-Not yet run on a GPU (session 5: written and built for sm_90 on the CPU only; bench/NOTES.md "Gluon window
-(session 5)"). ``bench/attention/gluon_window_run.sh`` tests and times it in one device call. Supported case:
+First run on an H200 at the end of session 5 (bench/NOTES.md "Gluon window (session 5)": correct in every
+configuration, g4 best, 2.5x the byte floor); the ``pk*`` configurations run version 2
+(``gluon_attention_window_packed``, CPU-built only). ``bench/attention/gluon_window_run.sh`` tests and times it in one device call. Supported case:
 window 1..128 (the gpt-oss sliding layers: 128, query - key < 128), head dim 64, bf16 q/k/v/out, any GQA
 group, NO cached prefix (the keys are the new k/v of the call, read by TMA from the [T, H, D] tensors).
 ``window_attention`` checks this and raises ValueError otherwise.
@@ -42,6 +43,7 @@ from triton.experimental.gluon.language.nvidia.hopper import (fence_async_shared
 
 from .gluon_attention_prefill import HD, WM, _desc, _epilogue, _softmax, _to_a
 from .gluon_attention_schedule import LOG2E
+from .gluon_attention_window_packed import GluonWindowPackedConfig, window_packed_attention
 from .gluon_attention_window_schedule import MAX_WINDOW, check_window_supported
 
 BN = gl.constexpr(64)  # keys per tile
@@ -81,10 +83,14 @@ CONFIGS = {"w2": GluonWindowConfig(),                                           
            "g2": GluonWindowConfig(tb=1, hw=2, hpc=2),                                     # 2 CTAs per SM
            # (causal_diag off: with it ptxas spills 6 / 2 in g4 / g8)
            "g4": GluonWindowConfig(tb=1, hw=2, hpc=4, causal_diag=False),                  # 2 CTAs per SM
-           "g8": GluonWindowConfig(tb=1, hw=2, hpc=8, causal_diag=False)}                  # 1 CTA per SM (smem)
+           "g8": GluonWindowConfig(tb=1, hw=2, hpc=8, causal_diag=False),                  # 1 CTA per SM (smem)
+           # version 2 (gluon_attention_window_packed): GQA-packed units, persistent walk, producer warp, unit ring
+           "pk3": GluonWindowPackedConfig(),                                               # 3 slots, 173 KB
+           "pk2": GluonWindowPackedConfig(stages=2)}                                       # 2 slots, 121 KB
 DEFAULT = CONFIGS["w2"]
-# what gluon_window_run.sh tests and times by default (w2_prod spills in its sm_90 build; w2_1cta: a diagnostic)
-RUN_CONFIGS = ("w2", "g2", "g4", "g8", "w3")
+# what gluon_window_run.sh tests and times by default: session 5's best (g4) beside version 2 (never run on a
+# GPU yet); w2 / g2 / g8 / w3 ran in session 5 (bench/NOTES.md), w2_prod spills, w2_1cta is a diagnostic
+RUN_CONFIGS = ("g4", "pk3", "pk2")
 
 
 @gluon.jit
@@ -313,7 +319,8 @@ def window_kernel(q_desc, k_desc, v_desc, cu_ptr, sink_ptr, o_ptr, stride_ot, st
 
 def window_attention(q, k, v, k_cache, v_cache, block_tables, cu_seqlens_q, cached_lens, sinks,
                      scale: float, window: int, max_seqlen_q: int, out: torch.Tensor,
-                     config: GluonWindowConfig | None = None, check_prefix: bool = True) -> torch.Tensor:
+                     config: GluonWindowConfig | GluonWindowPackedConfig | None = None,
+                     check_prefix: bool = True) -> torch.Tensor:
     """Same arguments as ``triton_attention_window.window_attention`` (the registered op's window path);
     only the supported case (module docstring) runs, anything else raises ValueError. The paged cache is not
     read. ``check_prefix`` reads ``cached_lens`` on the host (one device sync) to refuse a cached prefix.
@@ -322,6 +329,12 @@ def window_attention(q, k, v, k_cache, v_cache, block_tables, cu_seqlens_q, cach
     check_window_supported(q, k, v, out, window)
     T, Hq, D = q.shape
     group = Hq // k.shape[1]
+    if isinstance(cfg, GluonWindowPackedConfig):
+        if check_prefix and bool((cached_lens != 0).any()):
+            raise ValueError("the Gluon window kernel supports no cached prefix (cached_lens must be all zero)")
+        if T == 0 or max_seqlen_q == 0:
+            return out
+        return window_packed_attention(q, k, v, cu_seqlens_q, sinks, scale, window, max_seqlen_q, out, cfg)
     if cfg.nwg not in (2, 3, 4) or (cfg.producer and cfg.nwg == 4) or cfg.hpc % cfg.hw or group % cfg.hpc:
         raise ValueError(f"the Gluon window kernel runs 2-4 consumer warpgroups (3 with a producer), hpc a "
                          f"multiple of hw and a divisor of the GQA group {group}; config {cfg}")

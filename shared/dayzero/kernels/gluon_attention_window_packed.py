@@ -1,0 +1,226 @@
+"""Sliding-window prefill, version 2 (Gluon, sm_90): GQA-packed rows, a persistent walk along the sequence
+with a TMA producer warp. Opt-in, not wired; written and built for sm_90 on the CPU only (session 5), never
+run on a GPU yet (bench/NOTES.md "Gluon window version 2"). ``gluon_attention_window.window_attention`` runs
+it for the ``pk*`` configurations; same supported case as version 1 (window 1..128, head dim 64, bf16, no
+cached prefix) and, here, a GQA group of 8 (two warpgroups of 4 heads).
+
+Why (NOTES): version 1 scores 3 tiles of 64 keys for 128 visible (1.5x waste in tensor core and exp work),
+and every CTA loads its whole window before it computes (no overlap across work items, 2 CTAs per SM).
+
+Layout (``gluon_attention_window_schedule.emulate_window_packed`` runs the same arithmetic in torch):
+  * a unit = 64 score rows = 4 query heads x 16 consecutive tokens t0 .. t0 + 15 (t0 a multiple of 16) of one
+    KV head, row r = head (r // 16), token t0 + r % 16. Its keys: [t0 - 128, t0 + 16), 144 of them, ONE
+    m64n144 wgmma for S, one exp per score, ONE m64n64k144 wgmma for O: 144 scored keys a row for 128
+    visible (1.125x), and no online rescaling (the sink joins the row max before the exps);
+  * a CTA = one KV head x ``sb_per_cta`` super-blocks of 64 tokens of one sequence, walked in order (grid
+    (KV heads, chunks, sequences), about one CTA per SM). Super-block T0's keys [T0 - 128, T0 + 64) are one
+    TMA box [192, 64] for K and one for V (the neighbours' overlap is re-read from L2: K/V are 11 % of the
+    bytes) in a ``kv_stages`` ring; sub-block s (t0 = T0 + 16 s) scores rows 16 s .. 16 s + 143 of it;
+  * 1 producer warp: K/V of super-block sb + 1 as soon as its ring slot is free (after Q of sb's first
+    unit), and each warpgroup's Q (4 boxes [16, 64], one per head) into its own ``q_stages`` ring;
+  * 2 consumer warpgroups, warpgroup g on heads 4 g .. 4 g + 3 of the KV head, every unit of the walk in
+    order. In a warpgroup the units overlap FA3-style: S_u and O_{u-1} = P_{u-1} V_{u-1} issued together, the
+    softmax of S_u under the PV wgmma, then unit u-1's O / l stored. The first PV is a dummy (P = 0) whose
+    store is masked; rows past the sequence's end compute on the next sequence's (or TMA zero) rows and are
+    never stored; keys before the sequence start (TMA zero fill below row 0, or the previous sequence) and
+    after each row are masked: row r sees column c iff max(rt + 129 - w, 128 - t0) <= c <= rt + 128,
+    rt = r % 16;
+  * a K/V slot is released (count 2) when both warpgroups' last PV of its super-block is done, a Q slot when
+    its S wgmma is done.
+Reused from version 1 / the prefill kernel: ``_to_a``, ``_desc``, ``WM``, ``HD``. Importing this module imports
+triton's Gluon.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+from triton.experimental import gluon
+from triton.experimental.gluon import language as gl
+from triton.experimental.gluon.language.nvidia.hopper import (fence_async_shared, mbarrier, tma, warpgroup_mma,
+                                                              warpgroup_mma_wait)
+
+from .gluon_attention_prefill import HD, WM, _desc, _to_a
+from .gluon_attention_schedule import LOG2E
+from .gluon_attention_window_schedule import PK_HEADS, PK_TOK, packed_chunk
+
+TPU = gl.constexpr(PK_TOK)    # tokens per unit (16)
+HPW = gl.constexpr(PK_HEADS)  # heads per unit / warpgroup (4)
+
+
+@dataclass(frozen=True)
+class GluonWindowPackedConfig:
+    """Launch configuration of version 2: one CTA per SM (2 consumer warpgroups + 1 producer warp; registers
+    ``maxnreg`` x 3 warpgroups, setmaxnreg moves the producer's surplus to the consumers)."""
+
+    stages: int = 3           # unit ring: K 128 + 16 keys, V the same, both warpgroups' Q: 52 KB a slot
+    consumer_regs: int = 240
+    producer_regs: int = 24
+    maxnreg: int = 168
+    min_units: int = 8        # units (16 tokens) a CTA walks at least (the host picks ~one CTA per SM above it)
+
+    nwg = 2                   # consumer warpgroups (GQA group 8 = 2 x 4 heads)
+
+
+@gluon.jit
+def _pk_producer(p, NWG: gl.constexpr, S: gl.constexpr):
+    """1 warp: per unit of the walk, into ring slot u % S: K and V rows [t0 - 128, t0) and [t0, t0 + 16) of the
+    KV head (below row 0: TMA zero fill; masked anyway), then each warpgroup's Q (one [16, 64] box a head)."""
+    (qd, kd, kdd, vd, vdd, q_smem, km, kdg, vm, vdg, ready, empty, o_ptr, sink_ptr, stride_ot, stride_oh, qk_scale,
+     window, q_start, q_len, tok0, n_units, h0, hkv) = p
+    for u in range(n_units):
+        s = u % S
+        mbarrier.wait(empty.index(s), ((u // S) & 1) ^ 1)               # the first pass finds every slot free
+        mbarrier.expect(ready.index(s), (2 * (128 + TPU) + NWG * WM) * HD * 2)
+        t0 = q_start + tok0 + u * TPU
+        tma.async_copy_global_to_shared(kd, [t0 - 128, hkv * HD], ready.index(s), km.index(s))
+        tma.async_copy_global_to_shared(kdd, [t0, hkv * HD], ready.index(s), kdg.index(s))
+        for g in gl.static_range(NWG):
+            for j in gl.static_range(HPW):
+                tma.async_copy_global_to_shared(qd, [t0, (h0 + g * HPW + j) * HD], ready.index(s),
+                                                q_smem.index(s * NWG + g).slice(j * TPU, TPU))
+        tma.async_copy_global_to_shared(vd, [t0 - 128, hkv * HD], ready.index(s), vm.index(s))
+        tma.async_copy_global_to_shared(vdd, [t0, hkv * HD], ready.index(s), vdg.index(s))
+
+
+@gluon.jit
+def _pk_store(o, l_i, o_ptr, q_start, q_len, t0, hbase, stride_ot, stride_oh):
+    """O / l [WM, HD] of a unit: row r -> token t0 + r % 16, head hbase + r // 16; rows past the sequence's end
+    (and the dummy unit, t0 < 0) not stored."""
+    inv = gl.convert_layout(1.0 / l_i, gl.SliceLayout(1, o.type.layout))
+    st: gl.constexpr = gl.BlockedLayout([1, 8], [4, 8], [4, 1], [1, 0])    # 16-byte stores, 8 threads a row
+    out = gl.convert_layout((o * gl.expand_dims(inv, 1)).to(o_ptr.dtype.element_ty), st)
+    r = gl.arange(0, WM, gl.SliceLayout(1, st))
+    tok = t0 + r % TPU
+    head = hbase + r // TPU
+    col = gl.arange(0, HD, gl.SliceLayout(0, st))
+    ptrs = o_ptr + gl.expand_dims((q_start + tok).to(gl.int64) * stride_ot + head * stride_oh, 1) \
+        + gl.expand_dims(col, 0)
+    gl.store(ptrs, out, mask=gl.expand_dims((tok < q_len) & (t0 >= 0), 1))
+
+
+@gluon.jit
+def _pk_consumer(p, WG: gl.constexpr, NWG: gl.constexpr, S: gl.constexpr):
+    """4 warps: heads h0 + 4 WG .. + 3, every unit of the CTA's walk in order (module docstring). A unit's 144
+    keys are two wgmma tiles (tensor and slice shapes are powers of 2): columns 0 .. 127 (keys t0 - 128 ..
+    t0 - 1: masked below lo only) and 128 .. 143 (keys t0 .. t0 + 15: masked above the row's token)."""
+    (qd, kd, kdd, vd, vdd, q_smem, km, kdg, vm, vdg, ready, empty, o_ptr, sink_ptr, stride_ot, stride_oh, qk_scale,
+     window, q_start, q_len, tok0, n_units, h0, hkv) = p
+    a_l: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1], instr_shape=[16, 128, 16])
+    d_l: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1], instr_shape=[16, TPU, 16])
+    o_l: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1], instr_shape=[16, HD, 16])
+    row_l: gl.constexpr = gl.SliceLayout(1, a_l)
+    hbase = h0 + WG * HPW
+    r = gl.arange(0, WM, row_l)
+    rt = r % TPU                                                             # [WM] token offset in the unit
+    sink = gl.load(sink_ptr + hbase + r // TPU).to(gl.float32) * 1.4426950408889634
+    lo_w = rt + 129 - window                                                 # first column in the window
+    ca = gl.expand_dims(gl.arange(0, 128, gl.SliceLayout(0, a_l)), 0)      # [1, 128] columns 0 .. 127
+    cd = gl.expand_dims(gl.arange(0, TPU, gl.SliceLayout(0, d_l)), 0)      # [1, 16] columns 128 .. 143
+    rtd = gl.expand_dims(gl.convert_layout(rt, gl.SliceLayout(1, d_l)), 1)
+    lwd = gl.expand_dims(gl.convert_layout(lo_w, gl.SliceLayout(1, d_l)), 1) - 128
+    pa = _to_a(gl.zeros([WM, 128], gl.float32, a_l), o_l)                   # the dummy unit's P
+    pd = _to_a(gl.zeros([WM, TPU], gl.float32, d_l), o_l)
+    l_prev = gl.full([WM], 1.0, gl.float32, row_l)
+    t_prev = tok0 * 0 - 1048576                                              # dummy unit: nothing stored
+    for u in range(n_units):
+        s = u % S
+        sp = (u + S - 1) % S                                                 # the previous unit's slot
+        if u == 0:
+            sp = s                                                           # (dummy PV: any loaded V)
+        mbarrier.wait(ready.index(s), (u // S) & 1)
+        q_s = q_smem.index(s * NWG + WG)
+        sa = warpgroup_mma(q_s, km.index(s).permute((1, 0)), gl.zeros([WM, 128], gl.float32, a_l), use_acc=False,
+                           is_async=True)
+        sd = warpgroup_mma(q_s, kdg.index(s).permute((1, 0)), gl.zeros([WM, TPU], gl.float32, d_l),
+                           use_acc=False, is_async=True)
+        o = warpgroup_mma(pa, vm.index(sp), gl.zeros([WM, HD], gl.float32, o_l), use_acc=False, is_async=True)
+        o = warpgroup_mma(pd, vdg.index(sp), o, is_async=True)
+        sa, sd = warpgroup_mma_wait(2, deps=(sa, sd))                        # S done; the PV products may run
+        t0 = tok0 + u * TPU
+        lo = gl.maximum(lo_w, 128 - t0)                                      # keys before the sequence: masked
+        xa = gl.where(ca >= gl.expand_dims(lo, 1), sa * qk_scale, float("-inf"))
+        xd = gl.where((cd <= rtd) & (cd >= lwd), sd * qk_scale, float("-inf"))
+        m = gl.maximum(gl.maximum(gl.max(xa, axis=1), gl.convert_layout(gl.max(xd, axis=1), row_l)), sink)
+        pra = gl.exp2(xa - gl.expand_dims(m, 1))
+        prd = gl.exp2(xd - gl.expand_dims(gl.convert_layout(m, gl.SliceLayout(1, d_l)), 1))
+        l_i = gl.sum(pra, axis=1) + gl.convert_layout(gl.sum(prd, axis=1), row_l) + gl.exp2(sink - m)
+        o = warpgroup_mma_wait(0, deps=(o, ))
+        if u > 0:                                                            # unit u - 1 done: its slot is free
+            fence_async_shared()
+            mbarrier.arrive(empty.index(sp))
+        _pk_store(o, l_prev, o_ptr, q_start, q_len, t_prev, hbase, stride_ot, stride_oh)
+        pa = _to_a(pra, o_l)
+        pd = _to_a(prd, o_l)
+        l_prev = l_i
+        t_prev = t0
+    # ---- the last unit's PV and store (its slot is not released: nothing is loaded after it) ----
+    sl = (n_units - 1) % S
+    o = warpgroup_mma(pa, vm.index(sl), gl.zeros([WM, HD], gl.float32, o_l), use_acc=False, is_async=True)
+    o = warpgroup_mma(pd, vdg.index(sl), o, is_async=True)
+    o = warpgroup_mma_wait(0, deps=(o, ))
+    _pk_store(o, l_prev, o_ptr, q_start, q_len, t_prev, hbase, stride_ot, stride_oh)
+
+
+@gluon.jit
+def _pk_consumer0(p, NWG: gl.constexpr, S: gl.constexpr):
+    _pk_consumer(p, 0, NWG, S)
+
+
+@gluon.jit
+def _pk_consumer1(p, NWG: gl.constexpr, S: gl.constexpr):
+    _pk_consumer(p, 1, NWG, S)
+
+
+@gluon.jit
+def window_packed_kernel(qd, kd, kdd, vd, vdd, cu_ptr, sink_ptr, o_ptr, stride_ot, stride_oh, qk_scale, window,
+                         units_per_cta, GROUP: gl.constexpr, S: gl.constexpr, CONSUMER_REGS: gl.constexpr,
+                         PRODUCER_REGS: gl.constexpr, num_warps: gl.constexpr):
+    """Grid (KV heads, chunks of ``units_per_cta`` units of 16 tokens, sequences)."""
+    NWG: gl.constexpr = GROUP // HPW
+    hkv = gl.program_id(0)
+    b = gl.program_id(2)
+    q_start = gl.load(cu_ptr + b)
+    q_len = gl.load(cu_ptr + b + 1) - q_start
+    u0 = gl.program_id(1) * units_per_cta
+    n_units = gl.minimum(gl.cdiv(q_len, TPU) - u0, units_per_cta)
+    if n_units <= 0:
+        return
+    q_smem = gl.allocate_shared_memory(gl.bfloat16, [S * NWG, WM, HD], qd.layout)
+    km = gl.allocate_shared_memory(gl.bfloat16, [S, 128, HD], kd.layout)
+    kdg = gl.allocate_shared_memory(gl.bfloat16, [S, TPU, HD], kdd.layout)
+    vm = gl.allocate_shared_memory(gl.bfloat16, [S, 128, HD], vd.layout)
+    vdg = gl.allocate_shared_memory(gl.bfloat16, [S, TPU, HD], vdd.layout)
+    ready = gl.allocate_shared_memory(gl.int64, [S, 1], mbarrier.MBarrierLayout())
+    empty = gl.allocate_shared_memory(gl.int64, [S, 1], mbarrier.MBarrierLayout())
+    for i in gl.static_range(S):
+        mbarrier.init(ready.index(i), count=1)
+        mbarrier.init(empty.index(i), count=NWG)     # both warpgroups release every unit's slot
+    fence_async_shared()
+    p = (qd, kd, kdd, vd, vdd, q_smem, km, kdg, vm, vdg, ready, empty, o_ptr, sink_ptr, stride_ot, stride_oh,
+         qk_scale, window, q_start, q_len, u0 * TPU, n_units, hkv * GROUP, hkv)
+    gl.warp_specialize([(_pk_consumer0, (p, NWG, S)), (_pk_consumer1, (p, NWG, S)), (_pk_producer, (p, NWG, S))],
+                       [4, 1], [CONSUMER_REGS, PRODUCER_REGS])
+
+
+def window_packed_attention(q, k, v, cu_seqlens_q, sinks, scale: float, window: int, max_seqlen_q: int,
+                            out: torch.Tensor, cfg: GluonWindowPackedConfig) -> torch.Tensor:
+    """Launch version 2 (checks done by ``gluon_attention_window.window_attention``); returns ``out``."""
+    T, Hq, D = q.shape
+    hkv = k.shape[1]
+    if Hq // hkv != HPW * cfg.nwg:
+        raise ValueError(f"the packed Gluon window kernel needs a GQA group of {HPW * cfg.nwg} query heads per "
+                         f"KV head (2 warpgroups x 4); got {Hq // hkv}")
+    B = cu_seqlens_q.shape[0] - 1
+    sms = torch.cuda.get_device_properties(q.device).multi_processor_count
+    per, n_chunks = packed_chunk(max_seqlen_q, B * hkv, sms, cfg.min_units)
+    window_packed_kernel[(hkv, n_chunks, B)](_desc(q, PK_TOK), _desc(k, 128), _desc(k, PK_TOK), _desc(v, 128),
+                                             _desc(v, PK_TOK), cu_seqlens_q, sinks, out, out.stride(0),
+                                             out.stride(1), scale * LOG2E, window, per, GROUP=Hq // hkv,
+                                             S=cfg.stages, CONSUMER_REGS=cfg.consumer_regs,
+                                             PRODUCER_REGS=cfg.producer_regs, num_warps=4, maxnreg=cfg.maxnreg)
+    return out
+
+
+__all__ = ["GluonWindowPackedConfig", "window_packed_attention", "window_packed_kernel"]
