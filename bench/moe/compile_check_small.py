@@ -82,7 +82,7 @@ def split_configs(labels=None):
     """(label, kernel, consts, warps, stages, maxnreg) of the split-K candidates (``VARIANTS``): T = 1
     (fused: leader slots, the variant's split or 2) and T = 64 (plan tables, no split), 20B shapes
     (N = 5760 / 2880)."""
-    from dayzero.kernels.triton_moe_small_split import VARIANTS
+    from dayzero.kernels.triton_moe_small_split import VARIANTS, scale_row
 
     for name, kern in (("gate_up", S.gate_up_kernel), ("down", S.down_kernel)):
         for label, t in VARIANTS.items():
@@ -104,6 +104,8 @@ def split_configs(labels=None):
                               PLAN=not fused, ONE_CHUNK=fused, DOT_F32=False)
                 if kern is S.down_kernel:
                     consts["FUSE"] = fused
+                    consts["KP"] = 4 if t.vec_combine else 0
+                consts["SK"] = scale_row(2880, split, t)
                 warps = t.warps_down or t.warps if kern is S.down_kernel else t.warps
                 stages = t.stages_down or t.stages if kern is S.down_kernel else t.stages
                 yield f"{name} {label} {'T1' if fused else 'T64'}", kern, consts, warps, stages, 0

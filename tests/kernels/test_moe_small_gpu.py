@@ -165,9 +165,10 @@ def test_split_expert_parallel_slice_and_unrouted_tokens(T):
     assert (out[~local] == 0).all()
 
 
-@pytest.mark.parametrize("T", [2, 24])
-def test_split_no_local_route_gives_zeros(T):
-    from dayzero.kernels.triton_moe_small_split import moe_split
+@pytest.mark.parametrize("T,variant", [(2, None), (24, None), (2, "k1_d64_r")])
+def test_split_no_local_route_gives_zeros(T, variant):
+    # k1_d64_r: the fused down's vectorised combine (``_combine_rows``) writes the zeros
+    from dayzero.kernels.triton_moe_small_split import VARIANTS, moe_split
 
     q, _ = experts("120b")
     E, H, _ = SHAPES["120b"]
@@ -177,14 +178,15 @@ def test_split_no_local_route_gives_zeros(T):
     qs = ExpertWeights(q.gate_up[sl], q.gate_up_bias[sl], q.down[sl], q.down_bias[sl], q.gate_up_scale[sl],
                        q.down_scale[sl], derived={"expert_offset": 8})
     poison()
-    out = moe_split(x, w, ids, qs, LIMIT)
+    out = moe_split(x, w, ids, qs, LIMIT, VARIANTS[variant] if variant else None)
     assert out.shape == (T, H) and (out == 0).all()
 
 
-@pytest.mark.parametrize("T,variant", [(1, None), (2, None), (16, None), (1, "k1")])
+@pytest.mark.parametrize("T,variant", [(1, None), (2, None), (16, None), (1, "k1"), (1, "gvg_d32_r8"),
+                                       (2, "k1_d64_r")])
 def test_split_deterministic_and_graph_replay_equals_eager(T, variant):
     # default tiles: T = 1 on the GEMV kernels, fused MMA tiles (leader slots, tickets in down), plan +
-    # combine at T = 16; k1: the MMA kernels at T = 1
+    # combine at T = 16; k1: the MMA kernels at T = 1; _r / _r8: scale rows and the vectorised combine
     from dayzero.kernels.triton_moe_small_split import VARIANTS, MoeSplit, moe_split
 
     if DEV != "cuda":
@@ -210,10 +212,12 @@ def test_split_deterministic_and_graph_replay_equals_eager(T, variant):
     assert _tickets_zero(q)
 
 
+@pytest.mark.parametrize("variant", ["gv_d16", "gvg_d32_r"])
 @pytest.mark.parametrize("local_routes", [0, 2])
-def test_gemv_t1_expert_parallel_slice(local_routes):
+def test_gemv_t1_expert_parallel_slice(local_routes, variant):
     # T = 1 on the GEMV kernels with this rank owning experts 8..15: routes elsewhere are skipped (the
-    # down tickets count only local routes); none local: zeros
+    # down tickets count only local routes); none local: zeros. gvg_d32_r: GEMV gate_up, MMA down
+    # with the vectorised combine
     from dayzero.kernels.triton_moe_small_split import VARIANTS, MoeSplit, moe_split
 
     q, d = experts("120b")
@@ -225,7 +229,7 @@ def test_gemv_t1_expert_parallel_slice(local_routes):
                             a.gate_up_scale[sl] if a.gate_up_scale is not None else None,
                             a.down_scale[sl] if a.down_scale is not None else None,
                             derived={"expert_offset": 8}) for a in (q, d))
-    tiles = VARIANTS["gv_d16"]
+    tiles = VARIANTS[variant]
     assert MoeSplit(x, w, ids, qs, LIMIT, tiles).gemv
     poison()
     out = moe_split(x, w, ids, qs, LIMIT, tiles)

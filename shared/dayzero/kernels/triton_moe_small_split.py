@@ -61,6 +61,12 @@ class SplitTiles:
     gemv_bk: int = 128
     gemv_u: int = 2
     stages_down: int = 0         # pipeline depth of the MMA down kernel (0: ``stages``)
+    # MMA kernels: each program loads its K range's block scales once before the K loop (``_stream``
+    # SK > 0) instead of one step ahead (a global load whose register move waits inside every step)
+    row_scales: bool = False
+    # fused down (MMA): the last program of an N tile loads each token's ids and y rows at once
+    # (``_combine_rows``) instead of an ids load then a y load per route
+    vec_combine: bool = False
 
 
 # Candidate launch configurations (the GPU tests check each; the bench times each at every T).
@@ -112,6 +118,24 @@ VARIANTS = {
                              stages_down=8),
     "k1_d32_s8": SplitTiles(bn_gate_up=32, bn_down=32, split_gate_up=1, split_down=1, stages_down=8),
     "k1_d64_s6": SplitTiles(bn_gate_up=32, bn_down=64, split_gate_up=1, split_down=1, stages_down=6),
+    # candidates for run 10 (bench/NOTES.md "MoE decode run 10"): the sm_90 SASS of every MMA K loop
+    # waits one L2 round trip per 128-wide step for the next block scale (the move that carries it into
+    # the next step waits for its load), whatever the pipeline depth (run 9: 8 stages no faster), and
+    # the fused combine chains 2k dependent loads on the last program. ``_r``: scales loaded once per
+    # program (row_scales) and the combine's loads at once (vec_combine); ``_r8``: 8 stages on top
+    "gvg_d32_r": SplitTiles(bn_gate_up=32, bn_down=32, split_gate_up=1, split_down=1, gemv=True, gemv_down=False,
+                            row_scales=True, vec_combine=True),
+    "gvg_d32_r8": SplitTiles(bn_gate_up=32, bn_down=32, split_gate_up=1, split_down=1, gemv=True, gemv_down=False,
+                             row_scales=True, vec_combine=True, stages_down=8),
+    "k1_d32_r": SplitTiles(bn_gate_up=32, bn_down=32, split_gate_up=1, split_down=1, row_scales=True,
+                           vec_combine=True),
+    "k1_d64_r": SplitTiles(bn_gate_up=32, bn_down=64, split_gate_up=1, split_down=1, row_scales=True,
+                           vec_combine=True),
+    "k1_d64_r6": SplitTiles(bn_gate_up=32, bn_down=64, split_gate_up=1, split_down=1, row_scales=True,
+                            vec_combine=True, stages_down=6),
+    "gv64_d32_r": SplitTiles(bn_gate_up=64, bn_down=32, split_gate_up=1, split_down=1, gemv=True, row_scales=True,
+                             vec_combine=True),
+    "bn64_r": SplitTiles(bn_gate_up=64, bn_down=64, row_scales=True, vec_combine=True),
 }
 # the device tests run the engine on candidates before they become defaults: this environment variable
 # holds "name[@max_pairs],..." (``VARIANTS`` names); the first entry whose max_pairs >= T * k (or with
@@ -155,6 +179,11 @@ def choose_split(requested: int, slots: int, n_tiles: int, K: int, tiles: SplitT
     if requested:
         return max(1, min(requested, most))
     return max(1, min(triton.cdiv(tiles.target_programs, max(1, slots * n_tiles)), most))
+
+
+def scale_row(K: int, split: int, tiles: SplitTiles) -> int:
+    """``_stream``'s SK: 0 (scales one step ahead) or the power of two holding a program's K blocks."""
+    return triton.next_power_of_2(triton.cdiv(triton.cdiv(K, BK), split)) if tiles.row_scales else 0
 
 
 def _tickets(experts: ExpertWeights, n: int, dev: torch.device) -> torch.Tensor:
@@ -239,7 +268,8 @@ class MoeSplit:
             self.x, self.ids, w, s, b, self.h, self.ws, self.tickets1, self.slot_e, self.slot_cnt, self.slot_pairs,
             self.H, 2 * self.I, self.nt1, self.P, self.offset, self.E, self.x.stride(0), w.stride(0), w.stride(1),
             s.stride(0), s.stride(1), b.stride(0), self.h.stride(0), self.limit, SWIGLU_ALPHA, BN=t.bn_gate_up,
-            SPLIT=self.s1, EVEN_N=(2 * self.I) % t.bn_gate_up == 0, num_warps=t.warps, **self.launch)
+            SPLIT=self.s1, EVEN_N=(2 * self.I) % t.bn_gate_up == 0, SK=scale_row(self.H, self.s1, t),
+            num_warps=t.warps, **self.launch)
 
     def down(self) -> None:
         ex, t = self.ex, self.tiles
@@ -255,8 +285,8 @@ class MoeSplit:
             self.h, self.ids, self.weights, w, s, b, self.y, self.out, self.tickets2, self.slot_e, self.slot_cnt,
             self.slot_pairs, self.T, self.I, self.H, self.nt2, self.P, self.offset, self.E, self.slots,
             self.h.stride(0), w.stride(0), w.stride(1), s.stride(0), s.stride(1), b.stride(0), self.out.stride(0),
-            FUSE=self.fused, BN=t.bn_down, SPLIT=self.s2, EVEN_N=self.H % t.bn_down == 0,
-            num_warps=t.warps_down or t.warps, **dict(self.launch, num_stages=t.stages_down or t.stages))
+            FUSE=self.fused, BN=t.bn_down, SPLIT=self.s2, EVEN_N=self.H % t.bn_down == 0, SK=scale_row(self.I, self.s2, t),
+            KP=triton.next_power_of_2(self.k) if t.vec_combine else 0, num_warps=t.warps_down or t.warps, **dict(self.launch, num_stages=t.stages_down or t.stages))
 
     def combine(self) -> None:
         if self.fused:

@@ -72,19 +72,31 @@ def _step(acc, a_ptrs, row_ok, b_ptrs, k, sb, k_ok, n_ok, MASK_K: tl.constexpr, 
 
 @triton.jit
 def _stream(a_ptrs, row_ok, b_ptrs, s_ptr, n_ok, K, kb0, kb1, BM: tl.constexpr, BN: tl.constexpr, BK_: tl.constexpr,
-            EVEN_N: tl.constexpr, A16: tl.constexpr, DOT_F32: tl.constexpr):
+            EVEN_N: tl.constexpr, A16: tl.constexpr, DOT_F32: tl.constexpr, SK: tl.constexpr = 0):
     """acc [BM, BN] = A[:, kb0*BK_ : kb1*BK_] @ dequant(fp8 tile)^T over the same K range: full
-    128-wide blocks without masks, then the partial last block of K where the range holds it."""
+    128-wide blocks without masks, then the partial last block of K where the range holds it.
+    Block scales: ``SK`` = 0: one step ahead (sm_90 SASS: the register move that carries the next
+    step's scale into the loop waits for its load, so every K step waits one L2 round trip whatever
+    the pipeline depth); ``SK`` > 0 (a power of two >= kb1 - kb0): the range's scales are loaded once
+    before the loop into a [SK] row and each step picks its own (no global load inside the loop)."""
     offs_k = tl.arange(0, BK_)
     acc = tl.zeros((BM, BN), dtype=tl.float32)
     kfull = tl.minimum(kb1, K // BK_)
-    # block scales one step ahead (a scalar load is not pipelined by the compiler: loaded in the
-    # step that uses it, it would cost an L2 round trip per step)
-    sb = tl.load(s_ptr + kb0, mask=kb0 < kb1, other=0.0)
-    for kb in range(kb0, kfull):
-        sn = tl.load(s_ptr + kb + 1, mask=kb + 1 < kb1, other=0.0)
-        acc = _step(acc, a_ptrs, row_ok, b_ptrs, kb * BK_, sb, offs_k, n_ok, False, EVEN_N, A16, DOT_F32)
-        sb = sn
+    if SK > 0:
+        si = tl.arange(0, SK)
+        srow = tl.load(s_ptr + kb0 + si, mask=kb0 + si < kb1, other=0.0)
+        for kb in range(kb0, kfull):
+            sb = tl.sum(tl.where(si == kb - kb0, srow, 0.0), 0)
+            acc = _step(acc, a_ptrs, row_ok, b_ptrs, kb * BK_, sb, offs_k, n_ok, False, EVEN_N, A16, DOT_F32)
+        sb = tl.sum(tl.where(si == kfull - kb0, srow, 0.0), 0)
+    else:
+        # block scales one step ahead (a scalar load is not pipelined by the compiler: loaded in the
+        # step that uses it, it would cost an L2 round trip per step)
+        sb = tl.load(s_ptr + kb0, mask=kb0 < kb1, other=0.0)
+        for kb in range(kb0, kfull):
+            sn = tl.load(s_ptr + kb + 1, mask=kb + 1 < kb1, other=0.0)
+            acc = _step(acc, a_ptrs, row_ok, b_ptrs, kb * BK_, sb, offs_k, n_ok, False, EVEN_N, A16, DOT_F32)
+            sb = sn
     if kfull < kb1:
         acc = _step(acc, a_ptrs, row_ok, b_ptrs, kfull * BK_, sb, offs_k < K - kfull * BK_, n_ok, True, EVEN_N, A16,
                     DOT_F32)
@@ -120,7 +132,7 @@ def gate_up_kernel(x_ptr, ids_ptr, w_ptr, s_ptr, b_ptr, h_ptr, ws_ptr, ticket_pt
                    stride_sn, stride_be, stride_h, limit, alpha,
                    TOPK: tl.constexpr, TB: tl.constexpr, PB: tl.constexpr, BM: tl.constexpr, BN: tl.constexpr,
                    BK_: tl.constexpr, SPLIT: tl.constexpr, EVEN_N: tl.constexpr, H16: tl.constexpr,
-                   PLAN: tl.constexpr, ONE_CHUNK: tl.constexpr, DOT_F32: tl.constexpr):
+                   PLAN: tl.constexpr, ONE_CHUNK: tl.constexpr, DOT_F32: tl.constexpr, SK: tl.constexpr = 0):
     s, pid_n, ks, kb0, kb1 = _program(tl.program_id(0), n_tiles, K, SPLIT, BK_)
     e, cnt = _slot(ids_ptr, slot_e_ptr, slot_cnt_ptr, s, P, offset, E, PB, PLAN)
     if e < 0:
@@ -136,7 +148,7 @@ def gate_up_kernel(x_ptr, ids_ptr, w_ptr, s_ptr, b_ptr, h_ptr, ws_ptr, ticket_pt
     for c in range(0, _chunk_end(cnt, ONE_CHUNK), BM):
         pair, row_ok = _rows(ids_ptr, slot_pairs_ptr, s, e, cnt, c, P, offset, TB, BM, PB, PLAN)
         a_ptrs = x_ptr + (pair // TOPK).to(tl.int64)[:, None] * stride_x + offs_k[None, :]
-        acc = _stream(a_ptrs, row_ok, b_ptrs, sc_ptr, n_ok, K, kb0, kb1, BM, BN, BK_, EVEN_N, False, DOT_F32)
+        acc = _stream(a_ptrs, row_ok, b_ptrs, sc_ptr, n_ok, K, kb0, kb1, BM, BN, BK_, EVEN_N, False, DOT_F32, SK)
         if SPLIT == 1:
             _swiglu_store(acc, bias, h_ptr, pair, row_ok, pid_n, N, stride_h, limit, alpha, BM, BN)
         else:
@@ -171,12 +183,41 @@ def _combine_tile(y_ptr, ids_ptr, out_ptr, T, P, N, offset, E, stride_o, offs_n,
 
 
 @triton.jit
+def _combine_rows(y_ptr, ids_ptr, out_ptr, T, P, N, offset, E, stride_o, offs_n, n_ok,
+                  TOPK: tl.constexpr, SPLIT: tl.constexpr, BN: tl.constexpr, KP: tl.constexpr):
+    """``_combine_tile`` with one load of a token's k ids and one [KP, BN] load of its y rows per split
+    (two L2 round trips per token; ``_combine_tile`` chains an ids load and a y load per route, 2k
+    round trips on the last program's tail). Sums routes as a tree (fixed order: repeatable)."""
+    j = tl.arange(0, KP)
+    for t in range(0, T):
+        ej = tl.load(ids_ptr + t * TOPK + j, mask=j < TOPK, other=-1).to(tl.int32) - offset
+        ok = (j < TOPK) & (ej >= 0) & (ej < E)
+        acc = tl.zeros((BN,), dtype=tl.float32)
+        for sp in tl.static_range(SPLIT):
+            v = tl.load(y_ptr + ((sp * P + t * TOPK + j) * N)[:, None] + offs_n[None, :],
+                        mask=ok[:, None] & n_ok[None, :], other=0.0, cache_modifier=".cg")
+            acc += tl.sum(v, 0)
+        tl.store(out_ptr + t * stride_o + offs_n, acc.to(out_ptr.dtype.element_ty), mask=n_ok)
+
+
+@triton.jit
+def _combine(y_ptr, ids_ptr, out_ptr, T, P, N, offset, E, stride_o, offs_n, n_ok,
+             TOPK: tl.constexpr, SPLIT: tl.constexpr, BN: tl.constexpr, KP: tl.constexpr):
+    """``_combine_rows`` when ``KP`` > 0 (a power of two >= TOPK), else ``_combine_tile``."""
+    if KP > 0:
+        _combine_rows(y_ptr, ids_ptr, out_ptr, T, P, N, offset, E, stride_o, offs_n, n_ok, TOPK, SPLIT, BN, KP)
+    else:
+        _combine_tile(y_ptr, ids_ptr, out_ptr, T, P, N, offset, E, stride_o, offs_n, n_ok, TOPK, SPLIT, BN)
+
+
+@triton.jit
 def down_kernel(h_ptr, ids_ptr, wt_ptr, w_ptr, s_ptr, b_ptr, y_ptr, out_ptr, ticket_ptr, slot_e_ptr, slot_cnt_ptr,
                 slot_pairs_ptr, T, K, N, n_tiles, P, offset, E, n_slots, stride_h, stride_we, stride_wn, stride_se,
                 stride_sn, stride_be, stride_o,
                 TOPK: tl.constexpr, TB: tl.constexpr, PB: tl.constexpr, BM: tl.constexpr, BN: tl.constexpr,
                 BK_: tl.constexpr, SPLIT: tl.constexpr, EVEN_N: tl.constexpr, H16: tl.constexpr, PLAN: tl.constexpr,
-                FUSE: tl.constexpr, ONE_CHUNK: tl.constexpr, DOT_F32: tl.constexpr):
+                FUSE: tl.constexpr, ONE_CHUNK: tl.constexpr, DOT_F32: tl.constexpr, SK: tl.constexpr = 0,
+                KP: tl.constexpr = 0):
     s, pid_n, ks, kb0, kb1 = _program(tl.program_id(0), n_tiles, K, SPLIT, BK_)
     offs_n = pid_n * BN + tl.arange(0, BN)
     n_ok = offs_n < N
@@ -185,7 +226,7 @@ def down_kernel(h_ptr, ids_ptr, wt_ptr, w_ptr, s_ptr, b_ptr, y_ptr, out_ptr, tic
         touched = _touched(ids_ptr, slot_e_ptr, n_slots, P, offset, E, PB, PLAN)
         if touched == 0:  # no route to this rank: nobody draws a ticket, one program writes zeros
             if (s == 0) & (ks == 0):
-                _combine_tile(y_ptr, ids_ptr, out_ptr, T, P, N, offset, E, stride_o, offs_n, n_ok, TOPK, SPLIT, BN)
+                _combine(y_ptr, ids_ptr, out_ptr, T, P, N, offset, E, stride_o, offs_n, n_ok, TOPK, SPLIT, BN, KP)
             return
     e, cnt = _slot(ids_ptr, slot_e_ptr, slot_cnt_ptr, s, P, offset, E, PB, PLAN)
     if e < 0:
@@ -198,14 +239,14 @@ def down_kernel(h_ptr, ids_ptr, wt_ptr, w_ptr, s_ptr, b_ptr, y_ptr, out_ptr, tic
     for c in range(0, _chunk_end(cnt, ONE_CHUNK), BM):
         pair, row_ok = _rows(ids_ptr, slot_pairs_ptr, s, e, cnt, c, P, offset, TB, BM, PB, PLAN)
         a_ptrs = h_ptr + pair.to(tl.int64)[:, None] * stride_h + offs_k[None, :]
-        acc = _stream(a_ptrs, row_ok, b_ptrs, sc_ptr, n_ok, K, kb0, kb1, BM, BN, BK_, EVEN_N, H16, DOT_F32)
+        acc = _stream(a_ptrs, row_ok, b_ptrs, sc_ptr, n_ok, K, kb0, kb1, BM, BN, BK_, EVEN_N, H16, DOT_F32, SK)
         wt = tl.load(wt_ptr + pair, mask=row_ok, other=0.0).to(tl.float32)
         y = (acc + bias[None, :]) * wt[:, None]
         tl.store(y_ptr + (ks * P + pair).to(tl.int64)[:, None] * N + offs_n[None, :], y,
                  mask=row_ok[:, None] & n_ok[None, :])
     if FUSE:
         if _ticket(ticket_ptr + pid_n, offs_k, DOT_F32) == touched * SPLIT - 1:
-            _combine_tile(y_ptr, ids_ptr, out_ptr, T, P, N, offset, E, stride_o, offs_n, n_ok, TOPK, SPLIT, BN)
+            _combine(y_ptr, ids_ptr, out_ptr, T, P, N, offset, E, stride_o, offs_n, n_ok, TOPK, SPLIT, BN, KP)
             tl.atomic_xchg(ticket_ptr + pid_n, 0, sem="relaxed")
 
 
