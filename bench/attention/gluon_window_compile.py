@@ -2,7 +2,8 @@
 GPU and report, per configuration: launch registers and the partitions' setmaxnreg values (PTX), spills,
 shared memory, CTAs per SM (registers x 32 x 4 (NWG + 1) threads, shared memory), wgmma / exp counts in the
 SASS and, per innermost loop holding a wgmma, what ``gluon_prefill_compile._loops`` reports. ``--prefill``
-also prints the prefill kernel's numbers (they must not move when shared helpers change).
+also prints the prefill kernel's numbers (they must not move when shared helpers change). The ``pk*``
+configurations build version 2 (``gluon_attention_window_packed``; its window is a run-time argument).
 
     PYTHONPATH=shared python bench/attention/gluon_window_compile.py [--configs w2,w3] [--json FILE]
 """
@@ -22,6 +23,46 @@ from gluon_prefill_compile import _loops  # noqa: E402
 from sm90 import build_sm90  # noqa: E402
 
 
+def _under_pv(sass: str) -> list[int]:
+    """Per innermost wgmma loop: exps between the wait for S (two wgmma groups left) and the wait for PV."""
+    out = []
+    for lp in re.split(r"DEPBAR\.LE gsb0, 0x2", sass)[1:]:
+        out.append(lp.split("DEPBAR.LE gsb0, 0x0")[0].count("MUFU.EX2"))
+    return out
+
+
+def check_packed(name: str, window: int = 128) -> dict:
+    """Version 2 (``gluon_attention_window_packed``): one CTA per SM, 3 warpgroups' worth of registers."""
+    from triton.experimental.gluon import language as gl
+    from triton.experimental.gluon._runtime import GluonASTSource
+
+    from dayzero.kernels.gluon_attention_window import CONFIGS
+    from dayzero.kernels.gluon_attention_window_packed import window_packed_kernel as kern
+
+    cfg = CONFIGS[name]
+
+    def desc(rows: int) -> str:
+        return f"tensordesc<bf16[{rows}, 64],{gl.NVMMASharedLayout.get_default_for([rows, 64], gl.bfloat16)!r}>"
+    sig = {n: "i32" for n in kern.arg_names}
+    sig.update(qd=desc(16), kd=desc(128), kdd=desc(16), vd=desc(128), vdd=desc(16), cu_ptr="*i32", sink_ptr="*fp32",
+               o_ptr="*bf16", qk_scale="fp32")
+    consts = dict(GROUP=8, S=cfg.stages, CONSUMER_REGS=cfg.consumer_regs, PRODUCER_REGS=cfg.producer_regs,
+                  num_warps=4, NC=cfg.nc, SERIAL=cfg.serial)
+    sig.update({k: "constexpr" for k in consts})
+    attrs = {(i, ): [["tt.divisibility", 16]] for i, n in enumerate(kern.arg_names)
+             if n in ("cu_ptr", "sink_ptr", "o_ptr", "stride_ot", "stride_oh")}
+    b = build_sm90(GluonASTSource(kern, sig, consts, attrs), 4, maxnreg=cfg.maxnreg)
+    setmax = sorted(set(int(v) for v in re.findall(r"setmaxnreg\.\w+\.sync\.aligned\.u32\s+(\d+)", b.ptx)))
+    threads = 128 * (cfg.nc + 1)
+    by_regs = 65536 // (threads * -(-b.regs // 8) * 8)
+    return dict(config=name, window=window, stages=cfg.stages, nc=cfg.nc, serial=cfg.serial, regs_launch=b.regs,
+                setmaxnreg=setmax,
+                consumer_regs=cfg.consumer_regs, smem_kb=round((b.smem - 1024) / 1024, 1),
+                ctas_per_sm=min(by_regs, 227 * 1024 // b.smem), spill_ldl_stl=b.spills, hgmma=b.sass.count("HGMMA"),
+                mufu_ex2=b.sass.count("MUFU.EX2"), sass_total=len(re.findall(r"/\*[0-9a-f]{4,}\*/\s+[A-Z@]", b.sass)),
+                loops=_loops(b.sass), ex2_under_pv=_under_pv(b.sass))
+
+
 def check(name: str, window: int = 128) -> dict:
     from triton.experimental.gluon import language as gl
     from triton.experimental.gluon._runtime import GluonASTSource
@@ -29,6 +70,8 @@ def check(name: str, window: int = 128) -> dict:
     from dayzero.kernels.gluon_attention_window import CONFIGS, window_kernel as kern
 
     cfg = CONFIGS[name]
+    if name.startswith("pk"):
+        return check_packed(name, window)
     lay = gl.NVMMASharedLayout.get_default_for([64, 64], gl.bfloat16)
     desc = f"tensordesc<bf16[64, 64],{lay!r}>"
     sig = {n: "i32" for n in kern.arg_names}

@@ -23,7 +23,7 @@ pt=(python3 -m pytest -q -p no:cacheprovider --noconftest -o addopts="" --durati
 # in its own process under its own timeout (a hang or fault costs only that process; small cases)
 echo "=== tests, in parallel ($(date -u +%H:%M:%S))" | tee -a "$log"
 ( DAYZERO_GLUON_WINDOW_CFGS=w2 timeout -k 5 "${GLUON_WINDOW_TEST_S:-70}" "${pt[@]}" \
-    -k "emulation_matches or emulation_extreme or check_can_fail or cta_tiles or refuses or listed or unsupported" \
+    -k "emulation_matches or emulation_extreme or check_can_fail or cta_tiles or bounds or chunks or refuses or listed or unsupported" \
     > "$parts/test-common.log" 2>&1; echo $? > "$parts/rc-common" ) &
 for c in ${cfgs//,/ }; do
   ( DAYZERO_GLUON_WINDOW_CFGS=$c timeout -k 5 "${GLUON_WINDOW_TEST_S:-70}" "${pt[@]}" \

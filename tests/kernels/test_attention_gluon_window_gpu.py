@@ -1,14 +1,16 @@
 """Gluon sliding-window prefill (``gluon_attention_window``, opt-in, window <= 128, head dim 64, no cached
 prefix) vs the torch reference op.
 
-CPU tests (no triton, run in CI): ``gluon_attention_window_schedule.emulate_window`` runs the kernel's tile
+CPU tests (no triton, run in CI): ``gluon_attention_window_schedule.emulate_window`` (and, for version 2's
+``pk*`` configurations, ``emulate_window_packed``, its masks checked key by key) runs the kernel's tile
 schedule (CTA / warpgroup rows, the resident window's tiles, which are loaded, scored, masked; TMA reads past
 a sequence and past T; the sink rule) in torch and must match the reference; ``cta_tiles`` is checked
 against the visibility rule key by key; a wrong window makes the emulation fail (the check can fail).
 GPU tests (marked ``gpu``; skipped without CUDA or triton): fresh random inputs per case, the output
 poisoned with NaN (an unwritten element fails), relative error per sequence < 1e-2 against the reference;
-ragged lengths around every tile edge (and version 2's 16-token units), sinks from very negative (no sink) to large, scores spread over
-hundreds of log2 units, keys whose scores keep growing, windows 128 / 100 / 1; unsupported calls raise.
+ragged lengths around every tile edge (and version 2's 16-token units), sinks from very negative (no sink) to
+large, scores spread over hundreds of log2 units, keys whose scores keep growing, windows 128 / 100 / 1;
+unsupported calls raise.
 """
 
 from __future__ import annotations
@@ -28,6 +30,7 @@ TOL = 1e-2
 CUDA = torch.cuda.is_available()
 # lengths around every edge of 64-row warpgroups, 128 / 192-row CTAs and 64-key tiles
 EDGES = [1, 2, 63, 64, 65, 127, 128, 129, 191, 192, 193, 255, 256, 257, 300]
+GPU_EDGES = EDGES + [15, 16, 17, 33]   # and version 2's 16-token units
 
 
 # ---------------------------------------------------------------- CPU: the schedule in torch ----
@@ -189,7 +192,7 @@ def _run(case, cfg_name: str) -> list[float]:
     return check_output(res, out, ref, case.cu_seqlens_q, TOL)
 
 
-ALL_CFGS = ["g4", "pk3", "pk2"]   # = gluon_attention_window.RUN_CONFIGS (checked below)
+ALL_CFGS = ["g4", "pk3", "pk2", "pk3s", "pk2s"]   # = gluon_attention_window.RUN_CONFIGS (checked below)
 # DAYZERO_GLUON_WINDOW_CFGS=a,b: only these (gluon_window_run.sh tests one configuration per process)
 CFGS = [c for c in os.environ.get("DAYZERO_GLUON_WINDOW_CFGS", "").split(",") if c] or ALL_CFGS
 
@@ -200,7 +203,7 @@ CFGS = [c for c in os.environ.get("DAYZERO_GLUON_WINDOW_CFGS", "").split(",") if
 @pytest.mark.parametrize("sinks", ["normal", "neg", "large", "mixed"])
 def test_gpu_window_ragged_edges(cfg, sinks):
     """All tile-edge lengths in one batch: rows past each end read the next sequence, the last past T."""
-    _run(make_case(EDGES, [0] * len(EDGES), window=128, sinks=sinks, seed=17 + len(sinks), device="cuda"), cfg)
+    _run(make_case(GPU_EDGES, [0] * len(GPU_EDGES), window=128, sinks=sinks, seed=17 + len(sinks), device="cuda"), cfg)
 
 
 @pytest.mark.gpu

@@ -2,7 +2,8 @@
 
 First run on an H200 at the end of session 5 (bench/NOTES.md "Gluon window (session 5)": correct in every
 configuration, g4 best, 2.5x the byte floor); the ``pk*`` configurations run version 2
-(``gluon_attention_window_packed``, CPU-built only). ``bench/attention/gluon_window_run.sh`` tests and times it in one device call. Supported case:
+(``gluon_attention_window_packed``, CPU-built only). ``bench/attention/gluon_window_run.sh`` tests and times
+them in one device call. Supported case:
 window 1..128 (the gpt-oss sliding layers: 128, query - key < 128), head dim 64, bf16 q/k/v/out, any GQA
 group, NO cached prefix (the keys are the new k/v of the call, read by TMA from the [T, H, D] tensors).
 ``window_attention`` checks this and raises ValueError otherwise.
@@ -86,11 +87,15 @@ CONFIGS = {"w2": GluonWindowConfig(),                                           
            "g8": GluonWindowConfig(tb=1, hw=2, hpc=8, causal_diag=False),                  # 1 CTA per SM (smem)
            # version 2 (gluon_attention_window_packed): GQA-packed units, persistent walk, producer warp, unit ring
            "pk3": GluonWindowPackedConfig(),                                               # 3 slots, 173 KB
-           "pk2": GluonWindowPackedConfig(stages=2)}                                       # 2 slots, 121 KB
+           "pk2": GluonWindowPackedConfig(stages=2),                                       # 2 slots, 121 KB
+           # 3 consumer warpgroups (items round-robin: the prefill's pp3 shape), 160 registers each, each item in
+           # turn (with the cross-item PV in flight ptxas spills 68 at 160 registers: not a configuration)
+           "pk3s": GluonWindowPackedConfig(nc=3, serial=True, consumer_regs=160, producer_regs=24, maxnreg=128),
+           "pk2s": GluonWindowPackedConfig(serial=True)}                                   # 2 in turn, 240 regs
 DEFAULT = CONFIGS["w2"]
 # what gluon_window_run.sh tests and times by default: session 5's best (g4) beside version 2 (never run on a
 # GPU yet); w2 / g2 / g8 / w3 ran in session 5 (bench/NOTES.md), w2_prod spills, w2_1cta is a diagnostic
-RUN_CONFIGS = ("g4", "pk3", "pk2")
+RUN_CONFIGS = ("g4", "pk3", "pk2", "pk3s", "pk2s")
 
 
 @gluon.jit

@@ -2,33 +2,36 @@
 with a TMA producer warp. Opt-in, not wired; written and built for sm_90 on the CPU only (session 5), never
 run on a GPU yet (bench/NOTES.md "Gluon window version 2"). ``gluon_attention_window.window_attention`` runs
 it for the ``pk*`` configurations; same supported case as version 1 (window 1..128, head dim 64, bf16, no
-cached prefix) and, here, a GQA group of 8 (two warpgroups of 4 heads).
+cached prefix) and, here, a GQA group of 8 (two quads of 4 heads).
 
 Why (NOTES): version 1 scores 3 tiles of 64 keys for 128 visible (1.5x waste in tensor core and exp work),
 and every CTA loads its whole window before it computes (no overlap across work items, 2 CTAs per SM).
 
 Layout (``gluon_attention_window_schedule.emulate_window_packed`` runs the same arithmetic in torch):
-  * a unit = 64 score rows = 4 query heads x 16 consecutive tokens t0 .. t0 + 15 (t0 a multiple of 16) of one
-    KV head, row r = head (r // 16), token t0 + r % 16. Its keys: [t0 - 128, t0 + 16), 144 of them, ONE
-    m64n144 wgmma for S, one exp per score, ONE m64n64k144 wgmma for O: 144 scored keys a row for 128
-    visible (1.125x), and no online rescaling (the sink joins the row max before the exps);
-  * a CTA = one KV head x ``sb_per_cta`` super-blocks of 64 tokens of one sequence, walked in order (grid
-    (KV heads, chunks, sequences), about one CTA per SM). Super-block T0's keys [T0 - 128, T0 + 64) are one
-    TMA box [192, 64] for K and one for V (the neighbours' overlap is re-read from L2: K/V are 11 % of the
-    bytes) in a ``kv_stages`` ring; sub-block s (t0 = T0 + 16 s) scores rows 16 s .. 16 s + 143 of it;
-  * 1 producer warp: K/V of super-block sb + 1 as soon as its ring slot is free (after Q of sb's first
-    unit), and each warpgroup's Q (4 boxes [16, 64], one per head) into its own ``q_stages`` ring;
-  * 2 consumer warpgroups, warpgroup g on heads 4 g .. 4 g + 3 of the KV head, every unit of the walk in
-    order. In a warpgroup the units overlap FA3-style: S_u and O_{u-1} = P_{u-1} V_{u-1} issued together, the
-    softmax of S_u under the PV wgmma, then unit u-1's O / l stored. The first PV is a dummy (P = 0) whose
-    store is masked; rows past the sequence's end compute on the next sequence's (or TMA zero) rows and are
-    never stored; keys before the sequence start (TMA zero fill below row 0, or the previous sequence) and
-    after each row are masked: row r sees column c iff max(rt + 129 - w, 128 - t0) <= c <= rt + 128,
-    rt = r % 16;
-  * a K/V slot is released (count 2) when both warpgroups' last PV of its super-block is done, a Q slot when
-    its S wgmma is done.
-Reused from version 1 / the prefill kernel: ``_to_a``, ``_desc``, ``WM``, ``HD``. Importing this module imports
-triton's Gluon.
+  * a unit = 16 consecutive tokens t0 .. t0 + 15 (t0 a multiple of 16) of one KV head; an item = a unit's
+    4-head quad (items 2u, 2u + 1): 64 score rows, row r = head (r // 16) of the quad, token t0 + r % 16.
+    Its keys: [t0 - 128, t0 + 16), 144 of them, as two wgmma tiles because tensor shapes and shared-memory
+    slices are powers of 2 at aligned offsets: keys t0 - 128 .. t0 - 1 (m64n128; masked below the window
+    only) and t0 .. t0 + 15 (m64n16; masked above the row's token). One exp per score, no online rescaling
+    (the sink joins the row max before the exps): 144 scored keys a row for 128 visible (1.125x);
+  * a CTA = one KV head x a chunk of units of one sequence, walked in order (grid (KV heads, chunks,
+    sequences), about one CTA per SM, ``packed_chunk``);
+  * 1 producer warp: per unit, into ring slot u % stages (52 KB): K and V rows [t0 - 128, t0) and
+    [t0, t0 + 16) (boxes [128, 64] and [16, 64]; below row 0 TMA zero fill, masked anyway) and both quads' Q
+    (one [16, 64] box a head). Neighbouring units' keys overlap (112 of 128): they are re-read from L2, as
+    an aligned 128-key slice cannot start at t0 - 128 of a shared ring;
+  * ``nc`` consumer warpgroups take the items round-robin (nc = 2: warpgroup g keeps quad g). ``serial``
+    off: FA3-style, the PV of item i runs under the S wgmmas of the next (P carried as the bf16 A operand),
+    then item i's O / l is stored; the first PV is a dummy (P = 0, store masked). ``serial`` on: S, softmax,
+    PV, store in turn (3 warpgroups fit 160 registers only so); the tensor core and the exps then overlap
+    across the warpgroups. ptxas places the wait for the PV above the exps in both builds (as in the
+    prefill kernel without its ``pin``), so inside a warpgroup the overlap is the S / PV wgmmas only;
+  * a slot is released (2 arrivals: its 2 items) once an item's PV is done; keys before the sequence start
+    (TMA zero fill below row 0, or the previous sequence) and after each row's token are masked: row r sees
+    column c iff max(rt + 129 - w, 128 - t0) <= c <= rt + 128, rt = r % 16; rows past the sequence's end
+    read the next sequence (or TMA zero fill) and are never stored.
+Reused from the prefill kernel: ``_to_a``, ``_desc``, ``WM``, ``HD``. Importing this module imports triton's
+Gluon.
 """
 
 from __future__ import annotations
@@ -59,8 +62,10 @@ class GluonWindowPackedConfig:
     producer_regs: int = 24
     maxnreg: int = 168
     min_units: int = 8        # units (16 tokens) a CTA walks at least (the host picks ~one CTA per SM above it)
+    nc: int = 2               # consumer warpgroups: 2 (warpgroup g on heads 4 g ..) or 3 (items round-robin)
+    serial: bool = False      # True: no PV in flight across items inside a warpgroup (``_pk_consumer_serial``)
 
-    nwg = 2                   # consumer warpgroups (GQA group 8 = 2 x 4 heads)
+    nwg = 2                   # head quads a unit (GQA group 8 = 2 x 4 heads)
 
 
 @gluon.jit
@@ -101,36 +106,41 @@ def _pk_store(o, l_i, o_ptr, q_start, q_len, t0, hbase, stride_ot, stride_oh):
 
 
 @gluon.jit
-def _pk_consumer(p, WG: gl.constexpr, NWG: gl.constexpr, S: gl.constexpr):
-    """4 warps: heads h0 + 4 WG .. + 3, every unit of the CTA's walk in order (module docstring). A unit's 144
-    keys are two wgmma tiles (tensor and slice shapes are powers of 2): columns 0 .. 127 (keys t0 - 128 ..
-    t0 - 1: masked below lo only) and 128 .. 143 (keys t0 .. t0 + 15: masked above the row's token)."""
+def _pk_consumer(p, WG: gl.constexpr, NC: gl.constexpr, S: gl.constexpr):
+    """4 warps: items WG, WG + NC, ... of the CTA's walk (item i = unit i // 2, heads 4 (i % 2) .. + 3 of the
+    KV head; with NC = 2 warpgroup g keeps heads 4 g ..). A unit's 144 keys are two wgmma tiles (tensor and
+    slice shapes are powers of 2): columns 0 .. 127 (keys t0 - 128 .. t0 - 1: masked below lo only) and
+    128 .. 143 (keys t0 .. t0 + 15: masked above the row's token). Each item's PV runs under the next item's
+    S wgmmas; its slot is released (one of the unit's 2 arrivals) once that PV is done."""
     (qd, kd, kdd, vd, vdd, q_smem, km, kdg, vm, vdg, ready, empty, o_ptr, sink_ptr, stride_ot, stride_oh, qk_scale,
      window, q_start, q_len, tok0, n_units, h0, hkv) = p
     a_l: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1], instr_shape=[16, 128, 16])
     d_l: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1], instr_shape=[16, TPU, 16])
     o_l: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1], instr_shape=[16, HD, 16])
     row_l: gl.constexpr = gl.SliceLayout(1, a_l)
-    hbase = h0 + WG * HPW
     r = gl.arange(0, WM, row_l)
     rt = r % TPU                                                             # [WM] token offset in the unit
-    sink = gl.load(sink_ptr + hbase + r // TPU).to(gl.float32) * 1.4426950408889634
+    sink0 = gl.load(sink_ptr + h0 + r // TPU).to(gl.float32) * 1.4426950408889634        # heads 0 .. 3
+    sink1 = gl.load(sink_ptr + h0 + HPW + r // TPU).to(gl.float32) * 1.4426950408889634  # heads 4 .. 7
     lo_w = rt + 129 - window                                                 # first column in the window
     ca = gl.expand_dims(gl.arange(0, 128, gl.SliceLayout(0, a_l)), 0)      # [1, 128] columns 0 .. 127
     cd = gl.expand_dims(gl.arange(0, TPU, gl.SliceLayout(0, d_l)), 0)      # [1, 16] columns 128 .. 143
     rtd = gl.expand_dims(gl.convert_layout(rt, gl.SliceLayout(1, d_l)), 1)
     lwd = gl.expand_dims(gl.convert_layout(lo_w, gl.SliceLayout(1, d_l)), 1) - 128
-    pa = _to_a(gl.zeros([WM, 128], gl.float32, a_l), o_l)                   # the dummy unit's P
+    pa = _to_a(gl.zeros([WM, 128], gl.float32, a_l), o_l)                   # the dummy item's P
     pd = _to_a(gl.zeros([WM, TPU], gl.float32, d_l), o_l)
     l_prev = gl.full([WM], 1.0, gl.float32, row_l)
-    t_prev = tok0 * 0 - 1048576                                              # dummy unit: nothing stored
-    for u in range(n_units):
+    t_prev = tok0 * 0 - 1048576                                              # dummy item: nothing stored
+    h_prev = h0
+    sp = tok0 * 0                                                            # the previous item's slot
+    for i in range(WG, 2 * n_units, NC):
+        u = i // 2
+        half = i % 2
         s = u % S
-        sp = (u + S - 1) % S                                                 # the previous unit's slot
-        if u == 0:
+        if i == WG:
             sp = s                                                           # (dummy PV: any loaded V)
         mbarrier.wait(ready.index(s), (u // S) & 1)
-        q_s = q_smem.index(s * NWG + WG)
+        q_s = q_smem.index(s * 2 + half)
         sa = warpgroup_mma(q_s, km.index(s).permute((1, 0)), gl.zeros([WM, 128], gl.float32, a_l), use_acc=False,
                            is_async=True)
         sd = warpgroup_mma(q_s, kdg.index(s).permute((1, 0)), gl.zeros([WM, TPU], gl.float32, d_l),
@@ -140,45 +150,113 @@ def _pk_consumer(p, WG: gl.constexpr, NWG: gl.constexpr, S: gl.constexpr):
         sa, sd = warpgroup_mma_wait(2, deps=(sa, sd))                        # S done; the PV products may run
         t0 = tok0 + u * TPU
         lo = gl.maximum(lo_w, 128 - t0)                                      # keys before the sequence: masked
-        xa = gl.where(ca >= gl.expand_dims(lo, 1), sa * qk_scale, float("-inf"))
-        xd = gl.where((cd <= rtd) & (cd >= lwd), sd * qk_scale, float("-inf"))
-        m = gl.maximum(gl.maximum(gl.max(xa, axis=1), gl.convert_layout(gl.max(xd, axis=1), row_l)), sink)
-        pra = gl.exp2(xa - gl.expand_dims(m, 1))
-        prd = gl.exp2(xd - gl.expand_dims(gl.convert_layout(m, gl.SliceLayout(1, d_l)), 1))
+        xa = gl.where(ca >= gl.expand_dims(lo, 1), sa, float("-inf"))       # raw scores; qk_scale > 0
+        xd = gl.where((cd <= rtd) & (cd >= lwd), sd, float("-inf"))
+        sink = gl.where(half == 0, sink0, sink1)
+        m = gl.maximum(gl.maximum(gl.max(xa, axis=1), gl.convert_layout(gl.max(xd, axis=1), row_l)) * qk_scale,
+                       sink)                                                 # the sink joins the max first
+        pra = gl.exp2(xa * qk_scale - gl.expand_dims(m, 1))                 # one FFMA + one exp a score
+        prd = gl.exp2(xd * qk_scale - gl.expand_dims(gl.convert_layout(m, gl.SliceLayout(1, d_l)), 1))
         l_i = gl.sum(pra, axis=1) + gl.convert_layout(gl.sum(prd, axis=1), row_l) + gl.exp2(sink - m)
         o = warpgroup_mma_wait(0, deps=(o, ))
-        if u > 0:                                                            # unit u - 1 done: its slot is free
+        if i != WG:                                                          # the previous item is done
             fence_async_shared()
             mbarrier.arrive(empty.index(sp))
-        _pk_store(o, l_prev, o_ptr, q_start, q_len, t_prev, hbase, stride_ot, stride_oh)
+        _pk_store(o, l_prev, o_ptr, q_start, q_len, t_prev, h_prev, stride_ot, stride_oh)
         pa = _to_a(pra, o_l)
         pd = _to_a(prd, o_l)
         l_prev = l_i
         t_prev = t0
-    # ---- the last unit's PV and store (its slot is not released: nothing is loaded after it) ----
-    sl = (n_units - 1) % S
-    o = warpgroup_mma(pa, vm.index(sl), gl.zeros([WM, HD], gl.float32, o_l), use_acc=False, is_async=True)
-    o = warpgroup_mma(pd, vdg.index(sl), o, is_async=True)
-    o = warpgroup_mma_wait(0, deps=(o, ))
-    _pk_store(o, l_prev, o_ptr, q_start, q_len, t_prev, hbase, stride_ot, stride_oh)
+        h_prev = h0 + half * HPW
+        sp = s
+    # ---- the last item's PV and store (its slot is not released: nothing is loaded after it) ----
+    if WG < 2 * n_units:
+        o = warpgroup_mma(pa, vm.index(sp), gl.zeros([WM, HD], gl.float32, o_l), use_acc=False, is_async=True)
+        o = warpgroup_mma(pd, vdg.index(sp), o, is_async=True)
+        o = warpgroup_mma_wait(0, deps=(o, ))
+        _pk_store(o, l_prev, o_ptr, q_start, q_len, t_prev, h_prev, stride_ot, stride_oh)
 
 
 @gluon.jit
-def _pk_consumer0(p, NWG: gl.constexpr, S: gl.constexpr):
-    _pk_consumer(p, 0, NWG, S)
+def _pk_consumer_serial(p, WG: gl.constexpr, NC: gl.constexpr, S: gl.constexpr):
+    """``_pk_consumer`` without the cross-item overlap inside a warpgroup (S, softmax, PV, store in turn: no P
+    or O in flight while S is live, so 3 warpgroups fit 160 registers); the tensor core and the exps overlap
+    across the warpgroups only. Every slot is released right after its item's PV."""
+    (qd, kd, kdd, vd, vdd, q_smem, km, kdg, vm, vdg, ready, empty, o_ptr, sink_ptr, stride_ot, stride_oh, qk_scale,
+     window, q_start, q_len, tok0, n_units, h0, hkv) = p
+    a_l: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1], instr_shape=[16, 128, 16])
+    d_l: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1], instr_shape=[16, TPU, 16])
+    o_l: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1], instr_shape=[16, HD, 16])
+    row_l: gl.constexpr = gl.SliceLayout(1, a_l)
+    r = gl.arange(0, WM, row_l)
+    rt = r % TPU
+    sink0 = gl.load(sink_ptr + h0 + r // TPU).to(gl.float32) * 1.4426950408889634
+    sink1 = gl.load(sink_ptr + h0 + HPW + r // TPU).to(gl.float32) * 1.4426950408889634
+    lo_w = rt + 129 - window
+    ca = gl.expand_dims(gl.arange(0, 128, gl.SliceLayout(0, a_l)), 0)
+    cd = gl.expand_dims(gl.arange(0, TPU, gl.SliceLayout(0, d_l)), 0)
+    rtd = gl.expand_dims(gl.convert_layout(rt, gl.SliceLayout(1, d_l)), 1)
+    lwd = gl.expand_dims(gl.convert_layout(lo_w, gl.SliceLayout(1, d_l)), 1) - 128
+    for i in range(WG, 2 * n_units, NC):
+        u = i // 2
+        half = i % 2
+        s = u % S
+        mbarrier.wait(ready.index(s), (u // S) & 1)
+        q_s = q_smem.index(s * 2 + half)
+        sa = warpgroup_mma(q_s, km.index(s).permute((1, 0)), gl.zeros([WM, 128], gl.float32, a_l), use_acc=False,
+                           is_async=True)
+        sd = warpgroup_mma(q_s, kdg.index(s).permute((1, 0)), gl.zeros([WM, TPU], gl.float32, d_l),
+                           use_acc=False, is_async=True)
+        sa, sd = warpgroup_mma_wait(0, deps=(sa, sd))
+        t0 = tok0 + u * TPU
+        lo = gl.maximum(lo_w, 128 - t0)
+        xa = gl.where(ca >= gl.expand_dims(lo, 1), sa, float("-inf"))
+        xd = gl.where((cd <= rtd) & (cd >= lwd), sd, float("-inf"))
+        sink = gl.where(half == 0, sink0, sink1)
+        m = gl.maximum(gl.maximum(gl.max(xa, axis=1), gl.convert_layout(gl.max(xd, axis=1), row_l)) * qk_scale,
+                       sink)
+        pra = gl.exp2(xa * qk_scale - gl.expand_dims(m, 1))
+        prd = gl.exp2(xd * qk_scale - gl.expand_dims(gl.convert_layout(m, gl.SliceLayout(1, d_l)), 1))
+        l_i = gl.sum(pra, axis=1) + gl.convert_layout(gl.sum(prd, axis=1), row_l) + gl.exp2(sink - m)
+        o = warpgroup_mma(_to_a(pra, o_l), vm.index(s), gl.zeros([WM, HD], gl.float32, o_l), use_acc=False,
+                          is_async=True)
+        o = warpgroup_mma(_to_a(prd, o_l), vdg.index(s), o, is_async=True)
+        o = warpgroup_mma_wait(0, deps=(o, ))
+        fence_async_shared()
+        mbarrier.arrive(empty.index(s))
+        _pk_store(o, l_i, o_ptr, q_start, q_len, t0, h0 + half * HPW, stride_ot, stride_oh)
 
 
 @gluon.jit
-def _pk_consumer1(p, NWG: gl.constexpr, S: gl.constexpr):
-    _pk_consumer(p, 1, NWG, S)
+def _pk_consumer_any(p, WG: gl.constexpr, NC: gl.constexpr, S: gl.constexpr, SERIAL: gl.constexpr):
+    if SERIAL:
+        _pk_consumer_serial(p, WG, NC, S)
+    else:
+        _pk_consumer(p, WG, NC, S)
+
+
+@gluon.jit
+def _pk_consumer0(p, NC: gl.constexpr, S: gl.constexpr, SERIAL: gl.constexpr):
+    _pk_consumer_any(p, 0, NC, S, SERIAL)
+
+
+@gluon.jit
+def _pk_consumer1(p, NC: gl.constexpr, S: gl.constexpr, SERIAL: gl.constexpr):
+    _pk_consumer_any(p, 1, NC, S, SERIAL)
+
+
+@gluon.jit
+def _pk_consumer2(p, NC: gl.constexpr, S: gl.constexpr, SERIAL: gl.constexpr):
+    _pk_consumer_any(p, 2, NC, S, SERIAL)
 
 
 @gluon.jit
 def window_packed_kernel(qd, kd, kdd, vd, vdd, cu_ptr, sink_ptr, o_ptr, stride_ot, stride_oh, qk_scale, window,
                          units_per_cta, GROUP: gl.constexpr, S: gl.constexpr, CONSUMER_REGS: gl.constexpr,
-                         PRODUCER_REGS: gl.constexpr, num_warps: gl.constexpr):
+                         PRODUCER_REGS: gl.constexpr, num_warps: gl.constexpr, NC: gl.constexpr = 2,
+                         SERIAL: gl.constexpr = False):
     """Grid (KV heads, chunks of ``units_per_cta`` units of 16 tokens, sequences)."""
-    NWG: gl.constexpr = GROUP // HPW
+    NWG: gl.constexpr = GROUP // HPW     # head quads a unit (2): Q boxes a slot
     hkv = gl.program_id(0)
     b = gl.program_id(2)
     q_start = gl.load(cu_ptr + b)
@@ -196,12 +274,17 @@ def window_packed_kernel(qd, kd, kdd, vd, vdd, cu_ptr, sink_ptr, o_ptr, stride_o
     empty = gl.allocate_shared_memory(gl.int64, [S, 1], mbarrier.MBarrierLayout())
     for i in gl.static_range(S):
         mbarrier.init(ready.index(i), count=1)
-        mbarrier.init(empty.index(i), count=NWG)     # both warpgroups release every unit's slot
+        mbarrier.init(empty.index(i), count=NWG)     # each of a unit's 2 items releases its slot once
     fence_async_shared()
     p = (qd, kd, kdd, vd, vdd, q_smem, km, kdg, vm, vdg, ready, empty, o_ptr, sink_ptr, stride_ot, stride_oh,
          qk_scale, window, q_start, q_len, u0 * TPU, n_units, hkv * GROUP, hkv)
-    gl.warp_specialize([(_pk_consumer0, (p, NWG, S)), (_pk_consumer1, (p, NWG, S)), (_pk_producer, (p, NWG, S))],
-                       [4, 1], [CONSUMER_REGS, PRODUCER_REGS])
+    if NC == 2:
+        gl.warp_specialize([(_pk_consumer0, (p, NC, S, SERIAL)), (_pk_consumer1, (p, NC, S, SERIAL)),
+                            (_pk_producer, (p, NWG, S))], [4, 1], [CONSUMER_REGS, PRODUCER_REGS])
+    else:
+        gl.warp_specialize([(_pk_consumer0, (p, NC, S, SERIAL)), (_pk_consumer1, (p, NC, S, SERIAL)),
+                            (_pk_consumer2, (p, NC, S, SERIAL)), (_pk_producer, (p, NWG, S))], [4, 4, 1],
+                           [CONSUMER_REGS, CONSUMER_REGS, PRODUCER_REGS])
 
 
 def window_packed_attention(q, k, v, cu_seqlens_q, sinks, scale: float, window: int, max_seqlen_q: int,
@@ -219,7 +302,8 @@ def window_packed_attention(q, k, v, cu_seqlens_q, sinks, scale: float, window: 
                                              _desc(v, PK_TOK), cu_seqlens_q, sinks, out, out.stride(0),
                                              out.stride(1), scale * LOG2E, window, per, GROUP=Hq // hkv,
                                              S=cfg.stages, CONSUMER_REGS=cfg.consumer_regs,
-                                             PRODUCER_REGS=cfg.producer_regs, num_warps=4, maxnreg=cfg.maxnreg)
+                                             PRODUCER_REGS=cfg.producer_regs, num_warps=4, maxnreg=cfg.maxnreg,
+                                             NC=cfg.nc, SERIAL=cfg.serial)
     return out
 
 
