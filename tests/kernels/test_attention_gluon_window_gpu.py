@@ -97,14 +97,14 @@ def test_cta_tiles_cover_the_window(tb, window):
 
 # ---- version 2 (gluon_attention_window_packed): GQA-packed units of 4 heads x 16 tokens, 144 keys each ----
 
-@pytest.mark.parametrize("window", [128, 100, 1])
-def test_packed_emulation_matches_reference(window):
-    """Version 2's arithmetic (one 144-key tile a unit, the sink in the row max, keys below the sequence from
-    the previous one or TMA zero fill) on a ragged batch: every unit edge, GQA group 8."""
-    case = make_case([129, 1, 16, 17, 193, 300, 2, 65], [0] * 8, hq=16, hkv=2, window=window, sinks="mixed",
+@pytest.mark.parametrize("window,ups", [(128, 1), (128, 2), (100, 1), (1, 2)])
+def test_packed_emulation_matches_reference(window, ups):
+    """Version 2's arithmetic (one 128 + 16 ups key tile a unit, the sink in the row max, keys below the
+    sequence from the previous one or TMA zero fill) on a ragged batch: every unit / slot edge, GQA group 8."""
+    case = make_case([129, 1, 16, 33, 193, 2, 65], [0] * 7, hq=16, hkv=2, window=window, sinks="mixed",
                      dtype=torch.bfloat16, device="cpu", seed=31 + window)
     ref = ref_ops.attention(*case.args())
-    out = emulate_window_packed(case.q, case.k, case.v, case.cu_seqlens_q, case.sinks, case.scale, window)
+    out = emulate_window_packed(case.q, case.k, case.v, case.cu_seqlens_q, case.sinks, case.scale, window, ups)
     assert not out.isnan().any(), "the schedule left rows unwritten"
     errs = seq_errors(out, ref, case.cu_seqlens_q)
     assert max(errs) < TOL, errs
@@ -128,27 +128,31 @@ def test_packed_check_can_fail():
     assert max(seq_errors(out, ref, case.cu_seqlens_q)) > TOL
 
 
+@pytest.mark.parametrize("ups", [1, 2])
 @pytest.mark.parametrize("window", [128, 100, 64, 1])
-def test_packed_bounds_are_the_window(window):
-    """Key by key: the kernel's columns lo[r] .. hi[r] of a unit at t0 are exactly the keys row r's token may
-    see (key >= 0, key <= token, token - key < window), and every such key lies in the unit's 144."""
-    for t0 in range(0, 400, PK_TOK):
-        lo, hi = packed_bounds(t0, window)
-        for r in range(WM):
-            t = t0 + r % PK_TOK
-            cols = {c for c in range(PK_KEYS) if lo[r] <= c <= hi[r]}
-            want = {key - (t0 - 128) for key in range(max(0, t - window + 1), t + 1)}
-            assert cols == want, (t0, r, window)
-            assert hi[r] < PK_KEYS
+def test_packed_bounds_are_the_window(window, ups):
+    """Key by key: the kernel's columns lo[r] .. hi[r] of unit toff / 16 of a slot at t0 are exactly the keys
+    row r's token may see (key >= 0, key <= token, token - key < window), all in the slot's 128 + 16 ups."""
+    nk = PK_KEYS + PK_TOK * (ups - 1)
+    for t0 in range(0, 400, PK_TOK * ups):
+        for toff in range(0, PK_TOK * ups, PK_TOK):
+            lo, hi = packed_bounds(t0, window, toff)
+            for r in range(WM):
+                t = t0 + toff + r % PK_TOK
+                cols = {c for c in range(nk) if lo[r] <= c <= hi[r]}
+                want = {key - (t0 - 128) for key in range(max(0, t - window + 1), t + 1)}
+                assert cols == want, (t0, toff, r, window)
+                assert hi[r] < nk
 
 
 def test_packed_chunks_cover_the_sequence():
     """Chunks of units: every unit of the longest sequence in exactly one CTA, ~one CTA per SM, >= min_units."""
-    for n, streams, sms, min_units in [(8192, 8, 132, 8), (32768, 8, 132, 8), (1, 8, 132, 8), (300, 16, 132, 8),
-                                       (100000, 1, 132, 2), (64, 8, 1, 1)]:
-        per, chunks = packed_chunk(n, streams, sms, min_units)
+    for n, streams, sms, min_units, ups in [(8192, 8, 132, 8, 1), (32768, 8, 132, 8, 2), (1, 8, 132, 8, 2),
+                                            (300, 16, 132, 8, 1), (100000, 1, 132, 2, 2), (64, 8, 1, 1, 1),
+                                            (49, 8, 132, 1, 2)]:
+        per, chunks = packed_chunk(n, streams, sms, min_units, ups)
         units = -(-n // PK_TOK)
-        assert per >= 1 and per * chunks >= units and per * (chunks - 1) < units
+        assert per >= 1 and per % ups == 0 and per * chunks >= units and per * (chunks - 1) < units
         assert per >= min(min_units, units)
         if min_units < per < units:                    # sized by the SM count, not a bound
             assert chunks * streams <= 2 * sms
@@ -192,7 +196,7 @@ def _run(case, cfg_name: str) -> list[float]:
     return check_output(res, out, ref, case.cu_seqlens_q, TOL)
 
 
-ALL_CFGS = ["g4", "pk3", "pk2", "pk3s", "pk2s"]   # = gluon_attention_window.RUN_CONFIGS (checked below)
+ALL_CFGS = ["g4", "pk3", "pk3s", "pk2s", "pk3s_u2"]   # = gluon_attention_window.RUN_CONFIGS (checked below)
 # DAYZERO_GLUON_WINDOW_CFGS=a,b: only these (gluon_window_run.sh tests one configuration per process)
 CFGS = [c for c in os.environ.get("DAYZERO_GLUON_WINDOW_CFGS", "").split(",") if c] or ALL_CFGS
 
@@ -241,7 +245,7 @@ def test_gpu_window_matches_emulation(cfg):
     out = torch.full_like(case.q, float("nan"))
     G.window_attention(*case.args(), 300, out, config=c)
     cpu = (case.q.cpu(), case.k.cpu(), case.v.cpu(), case.cu_seqlens_q.cpu(), case.sinks.cpu(), case.scale, 128)
-    emu = emulate_window_packed(*cpu) if cfg.startswith("pk") else emulate_window(*cpu, tb=c.tb)
+    emu = emulate_window_packed(*cpu, ups=c.ups) if cfg.startswith("pk") else emulate_window(*cpu, tb=c.tb)
     assert max(seq_errors(out.cpu(), emu.to(torch.bfloat16), case.cu_seqlens_q.cpu())) < 5e-3
 
 

@@ -91,11 +91,17 @@ CONFIGS = {"w2": GluonWindowConfig(),                                           
            # 3 consumer warpgroups (items round-robin: the prefill's pp3 shape), 160 registers each, each item in
            # turn (with the cross-item PV in flight ptxas spills 68 at 160 registers: not a configuration)
            "pk3s": GluonWindowPackedConfig(nc=3, serial=True, consumer_regs=160, producer_regs=24, maxnreg=128),
-           "pk2s": GluonWindowPackedConfig(serial=True)}                                   # 2 in turn, 240 regs
+           "pk2s": GluonWindowPackedConfig(serial=True),                                   # 2 in turn, 240 regs
+           # 2 units a slot: 160 keys a row (1.25x) for half the K/V bytes (L2 -> SMEM 213 -> 146 MB at 8k); 72 KB
+           # a slot, so 2 slots
+           "pk3s_u2": GluonWindowPackedConfig(nc=3, serial=True, ups=2, stages=2, consumer_regs=160, producer_regs=24,
+                                              maxnreg=128),
+           "pk2_u2": GluonWindowPackedConfig(ups=2, stages=2)}
 DEFAULT = CONFIGS["w2"]
 # what gluon_window_run.sh tests and times by default: session 5's best (g4) beside version 2 (never run on a
-# GPU yet); w2 / g2 / g8 / w3 ran in session 5 (bench/NOTES.md), w2_prod spills, w2_1cta is a diagnostic
-RUN_CONFIGS = ("g4", "pk3", "pk2", "pk3s", "pk2s")
+# GPU yet; pk2 / pk2_u2 on request); w2 / g2 / g8 / w3 ran in session 5 (bench/NOTES.md), w2_prod spills,
+# w2_1cta is a diagnostic
+RUN_CONFIGS = ("g4", "pk3", "pk3s", "pk2s", "pk3s_u2")
 
 
 @gluon.jit

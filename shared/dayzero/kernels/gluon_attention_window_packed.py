@@ -57,42 +57,45 @@ class GluonWindowPackedConfig:
     """Launch configuration of version 2: one CTA per SM (2 consumer warpgroups + 1 producer warp; registers
     ``maxnreg`` x 3 warpgroups, setmaxnreg moves the producer's surplus to the consumers)."""
 
-    stages: int = 3           # unit ring: K 128 + 16 keys, V the same, both warpgroups' Q: 52 KB a slot
+    stages: int = 3           # ring slots: K 128 + 16 ups keys, V the same, the units' Q quads: 52 KB (ups 1)
     consumer_regs: int = 240
     producer_regs: int = 24
     maxnreg: int = 168
     min_units: int = 8        # units (16 tokens) a CTA walks at least (the host picks ~one CTA per SM above it)
     nc: int = 2               # consumer warpgroups: 2 (warpgroup g on heads 4 g ..) or 3 (items round-robin)
     serial: bool = False      # True: no PV in flight across items inside a warpgroup (``_pk_consumer_serial``)
+    ups: int = 1              # units a ring slot: 1 (144 keys a row) or 2 (160 keys a row, half the K/V bytes)
 
     nwg = 2                   # head quads a unit (GQA group 8 = 2 x 4 heads)
 
 
 @gluon.jit
-def _pk_producer(p, NWG: gl.constexpr, S: gl.constexpr):
-    """1 warp: per unit of the walk, into ring slot u % S: K and V rows [t0 - 128, t0) and [t0, t0 + 16) of the
-    KV head (below row 0: TMA zero fill; masked anyway), then each warpgroup's Q (one [16, 64] box a head)."""
+def _pk_producer(p, NWG: gl.constexpr, S: gl.constexpr, UPS: gl.constexpr):
+    """1 warp: per ring slot of the walk (UPS units, tokens t0 .. t0 + 16 UPS), into slot v % S: K and V rows
+    [t0 - 128, t0) and [t0, t0 + 16 UPS) of the KV head (below row 0: TMA zero fill; masked anyway), then each
+    unit's Q quads (one [16, 64] box a head)."""
     (qd, kd, kdd, vd, vdd, q_smem, km, kdg, vm, vdg, ready, empty, o_ptr, sink_ptr, stride_ot, stride_oh, qk_scale,
      window, q_start, q_len, tok0, n_units, h0, hkv) = p
-    for u in range(n_units):
-        s = u % S
-        mbarrier.wait(empty.index(s), ((u // S) & 1) ^ 1)               # the first pass finds every slot free
-        mbarrier.expect(ready.index(s), (2 * (128 + TPU) + NWG * WM) * HD * 2)
-        t0 = q_start + tok0 + u * TPU
+    for v in range(gl.cdiv(n_units, UPS)):
+        s = v % S
+        mbarrier.wait(empty.index(s), ((v // S) & 1) ^ 1)               # the first pass finds every slot free
+        mbarrier.expect(ready.index(s), (2 * (128 + UPS * TPU) + UPS * NWG * WM) * HD * 2)
+        t0 = q_start + tok0 + v * (UPS * TPU)
         tma.async_copy_global_to_shared(kd, [t0 - 128, hkv * HD], ready.index(s), km.index(s))
         tma.async_copy_global_to_shared(kdd, [t0, hkv * HD], ready.index(s), kdg.index(s))
-        for g in gl.static_range(NWG):
-            for j in gl.static_range(HPW):
-                tma.async_copy_global_to_shared(qd, [t0, (h0 + g * HPW + j) * HD], ready.index(s),
-                                                q_smem.index(s * NWG + g).slice(j * TPU, TPU))
+        for j in gl.static_range(UPS):
+            for g in gl.static_range(NWG):
+                for hh in gl.static_range(HPW):
+                    tma.async_copy_global_to_shared(qd, [t0 + j * TPU, (h0 + g * HPW + hh) * HD], ready.index(s),
+                                                    q_smem.index((s * UPS + j) * NWG + g).slice(hh * TPU, TPU))
         tma.async_copy_global_to_shared(vd, [t0 - 128, hkv * HD], ready.index(s), vm.index(s))
         tma.async_copy_global_to_shared(vdd, [t0, hkv * HD], ready.index(s), vdg.index(s))
 
 
 @gluon.jit
 def _pk_store(o, l_i, o_ptr, q_start, q_len, t0, hbase, stride_ot, stride_oh):
-    """O / l [WM, HD] of a unit: row r -> token t0 + r % 16, head hbase + r // 16; rows past the sequence's end
-    (and the dummy unit, t0 < 0) not stored."""
+    """O / l [WM, HD] of an item: row r -> token t0 + r % 16, head hbase + r // 16; rows past the sequence's end
+    (and the dummy item, t0 < 0) not stored."""
     inv = gl.convert_layout(1.0 / l_i, gl.SliceLayout(1, o.type.layout))
     st: gl.constexpr = gl.BlockedLayout([1, 8], [4, 8], [4, 1], [1, 0])    # 16-byte stores, 8 threads a row
     out = gl.convert_layout((o * gl.expand_dims(inv, 1)).to(o_ptr.dtype.element_ty), st)
@@ -106,58 +109,81 @@ def _pk_store(o, l_i, o_ptr, q_start, q_len, t0, hbase, stride_ot, stride_oh):
 
 
 @gluon.jit
-def _pk_consumer(p, WG: gl.constexpr, NC: gl.constexpr, S: gl.constexpr):
-    """4 warps: items WG, WG + NC, ... of the CTA's walk (item i = unit i // 2, heads 4 (i % 2) .. + 3 of the
-    KV head; with NC = 2 warpgroup g keeps heads 4 g ..). A unit's 144 keys are two wgmma tiles (tensor and
-    slice shapes are powers of 2): columns 0 .. 127 (keys t0 - 128 .. t0 - 1: masked below lo only) and
-    128 .. 143 (keys t0 .. t0 + 15: masked above the row's token). Each item's PV runs under the next item's
-    S wgmmas; its slot is released (one of the unit's 2 arrivals) once that PV is done."""
-    (qd, kd, kdd, vd, vdd, q_smem, km, kdg, vm, vdg, ready, empty, o_ptr, sink_ptr, stride_ot, stride_oh, qk_scale,
-     window, q_start, q_len, tok0, n_units, h0, hkv) = p
+def _pk_rows(sink_ptr, h0, window, DW: gl.constexpr):
+    """Per-row constants of a consumer: (rt = r % 16, both quads' sinks (log2 units), rt + 129 - window, and in
+    the diagonal tile's row layout rt and rt + 1 - window; column indices of both tiles)."""
     a_l: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1], instr_shape=[16, 128, 16])
-    d_l: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1], instr_shape=[16, TPU, 16])
-    o_l: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1], instr_shape=[16, HD, 16])
-    row_l: gl.constexpr = gl.SliceLayout(1, a_l)
-    r = gl.arange(0, WM, row_l)
-    rt = r % TPU                                                             # [WM] token offset in the unit
+    d_l: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1], instr_shape=[16, DW, 16])
+    r = gl.arange(0, WM, gl.SliceLayout(1, a_l))
+    rt = r % TPU
     sink0 = gl.load(sink_ptr + h0 + r // TPU).to(gl.float32) * 1.4426950408889634        # heads 0 .. 3
     sink1 = gl.load(sink_ptr + h0 + HPW + r // TPU).to(gl.float32) * 1.4426950408889634  # heads 4 .. 7
     lo_w = rt + 129 - window                                                 # first column in the window
-    ca = gl.expand_dims(gl.arange(0, 128, gl.SliceLayout(0, a_l)), 0)      # [1, 128] columns 0 .. 127
-    cd = gl.expand_dims(gl.arange(0, TPU, gl.SliceLayout(0, d_l)), 0)      # [1, 16] columns 128 .. 143
     rtd = gl.expand_dims(gl.convert_layout(rt, gl.SliceLayout(1, d_l)), 1)
     lwd = gl.expand_dims(gl.convert_layout(lo_w, gl.SliceLayout(1, d_l)), 1) - 128
+    ca = gl.expand_dims(gl.arange(0, 128, gl.SliceLayout(0, a_l)), 0)      # [1, 128] columns 0 .. 127
+    cd = gl.expand_dims(gl.arange(0, DW, gl.SliceLayout(0, d_l)), 0)       # [1, DW] columns 128 ..
+    return sink0, sink1, lo_w, rtd, lwd, ca, cd
+
+
+@gluon.jit
+def _pk_softmax(sa, sd, half, toff, t0s, qk_scale, sink0, sink1, lo_w, rtd, lwd, ca, cd):
+    """Scores sa [WM, 128] (keys t0s - 128 ..) and sd [WM, DW] (keys t0s ..) of an item whose tokens are
+    t0s + toff + r % 16 -> (P of both tiles fp32, l [WM]): masked, the sink in the row max, one FFMA + one
+    ex2 a score."""
+    lo = gl.maximum(lo_w + toff, 128 - t0s)                                  # keys before the sequence: masked
+    xa = gl.where(ca >= gl.expand_dims(lo, 1), sa, float("-inf"))           # raw scores; qk_scale > 0
+    xd = gl.where((cd <= rtd + toff) & (cd >= lwd + toff), sd, float("-inf"))
+    sink = gl.where(half == 0, sink0, sink1)
+    row_l: gl.constexpr = sink0.type.layout
+    dr_l: gl.constexpr = gl.SliceLayout(1, sd.type.layout)
+    m = gl.maximum(gl.maximum(gl.max(xa, axis=1), gl.convert_layout(gl.max(xd, axis=1), row_l)) * qk_scale,
+                   sink)                                                     # the sink joins the max first
+    pra = gl.exp2(xa * qk_scale - gl.expand_dims(m, 1))
+    prd = gl.exp2(xd * qk_scale - gl.expand_dims(gl.convert_layout(m, dr_l), 1))
+    l_i = gl.sum(pra, axis=1) + gl.convert_layout(gl.sum(prd, axis=1), row_l) + gl.exp2(sink - m)
+    return pra, prd, l_i
+
+
+@gluon.jit
+def _pk_consumer(p, WG: gl.constexpr, NC: gl.constexpr, S: gl.constexpr, UPS: gl.constexpr):
+    """4 warps: items WG, WG + NC, ... of the CTA's walk (item i: slot i // (2 UPS), its unit (i // 2) % UPS,
+    heads 4 (i % 2) .. + 3 of the KV head; with NC = 2 warpgroup g keeps heads 4 g ..). A slot's keys are two
+    wgmma tiles (tensor and slice shapes are powers of 2): columns 0 .. 127 (keys t0 - 128 .. t0 - 1: masked
+    below lo only) and 128 .. 128 + 16 UPS - 1 (keys t0 ..: masked above the row's token). Each item's PV runs
+    under the next item's S wgmmas; its slot gets one of its 2 UPS arrivals once that PV is done."""
+    (qd, kd, kdd, vd, vdd, q_smem, km, kdg, vm, vdg, ready, empty, o_ptr, sink_ptr, stride_ot, stride_oh, qk_scale,
+     window, q_start, q_len, tok0, n_units, h0, hkv) = p
+    DW: gl.constexpr = UPS * TPU
+    a_l: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1], instr_shape=[16, 128, 16])
+    d_l: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1], instr_shape=[16, DW, 16])
+    o_l: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1], instr_shape=[16, HD, 16])
+    sink0, sink1, lo_w, rtd, lwd, ca, cd = _pk_rows(sink_ptr, h0, window, DW)
     pa = _to_a(gl.zeros([WM, 128], gl.float32, a_l), o_l)                   # the dummy item's P
-    pd = _to_a(gl.zeros([WM, TPU], gl.float32, d_l), o_l)
-    l_prev = gl.full([WM], 1.0, gl.float32, row_l)
+    pd = _to_a(gl.zeros([WM, DW], gl.float32, d_l), o_l)
+    l_prev = gl.full([WM], 1.0, gl.float32, gl.SliceLayout(1, a_l))
     t_prev = tok0 * 0 - 1048576                                              # dummy item: nothing stored
     h_prev = h0
     sp = tok0 * 0                                                            # the previous item's slot
-    for i in range(WG, 2 * n_units, NC):
-        u = i // 2
+    n_items = gl.cdiv(n_units, UPS) * (2 * UPS)
+    for i in range(WG, n_items, NC):
+        v = i // (2 * UPS)
+        j = (i // 2) % UPS
         half = i % 2
-        s = u % S
+        s = v % S
         if i == WG:
             sp = s                                                           # (dummy PV: any loaded V)
-        mbarrier.wait(ready.index(s), (u // S) & 1)
-        q_s = q_smem.index(s * 2 + half)
+        mbarrier.wait(ready.index(s), (v // S) & 1)
+        q_s = q_smem.index((s * UPS + j) * 2 + half)
         sa = warpgroup_mma(q_s, km.index(s).permute((1, 0)), gl.zeros([WM, 128], gl.float32, a_l), use_acc=False,
                            is_async=True)
-        sd = warpgroup_mma(q_s, kdg.index(s).permute((1, 0)), gl.zeros([WM, TPU], gl.float32, d_l),
+        sd = warpgroup_mma(q_s, kdg.index(s).permute((1, 0)), gl.zeros([WM, DW], gl.float32, d_l),
                            use_acc=False, is_async=True)
         o = warpgroup_mma(pa, vm.index(sp), gl.zeros([WM, HD], gl.float32, o_l), use_acc=False, is_async=True)
         o = warpgroup_mma(pd, vdg.index(sp), o, is_async=True)
         sa, sd = warpgroup_mma_wait(2, deps=(sa, sd))                        # S done; the PV products may run
-        t0 = tok0 + u * TPU
-        lo = gl.maximum(lo_w, 128 - t0)                                      # keys before the sequence: masked
-        xa = gl.where(ca >= gl.expand_dims(lo, 1), sa, float("-inf"))       # raw scores; qk_scale > 0
-        xd = gl.where((cd <= rtd) & (cd >= lwd), sd, float("-inf"))
-        sink = gl.where(half == 0, sink0, sink1)
-        m = gl.maximum(gl.maximum(gl.max(xa, axis=1), gl.convert_layout(gl.max(xd, axis=1), row_l)) * qk_scale,
-                       sink)                                                 # the sink joins the max first
-        pra = gl.exp2(xa * qk_scale - gl.expand_dims(m, 1))                 # one FFMA + one exp a score
-        prd = gl.exp2(xd * qk_scale - gl.expand_dims(gl.convert_layout(m, gl.SliceLayout(1, d_l)), 1))
-        l_i = gl.sum(pra, axis=1) + gl.convert_layout(gl.sum(prd, axis=1), row_l) + gl.exp2(sink - m)
+        t0s = tok0 + v * DW
+        pra, prd, l_i = _pk_softmax(sa, sd, half, j * TPU, t0s, qk_scale, sink0, sink1, lo_w, rtd, lwd, ca, cd)
         o = warpgroup_mma_wait(0, deps=(o, ))
         if i != WG:                                                          # the previous item is done
             fence_async_shared()
@@ -166,11 +192,11 @@ def _pk_consumer(p, WG: gl.constexpr, NC: gl.constexpr, S: gl.constexpr):
         pa = _to_a(pra, o_l)
         pd = _to_a(prd, o_l)
         l_prev = l_i
-        t_prev = t0
+        t_prev = t0s + j * TPU
         h_prev = h0 + half * HPW
         sp = s
     # ---- the last item's PV and store (its slot is not released: nothing is loaded after it) ----
-    if WG < 2 * n_units:
+    if WG < n_items:
         o = warpgroup_mma(pa, vm.index(sp), gl.zeros([WM, HD], gl.float32, o_l), use_acc=False, is_async=True)
         o = warpgroup_mma(pd, vdg.index(sp), o, is_async=True)
         o = warpgroup_mma_wait(0, deps=(o, ))
@@ -178,85 +204,71 @@ def _pk_consumer(p, WG: gl.constexpr, NC: gl.constexpr, S: gl.constexpr):
 
 
 @gluon.jit
-def _pk_consumer_serial(p, WG: gl.constexpr, NC: gl.constexpr, S: gl.constexpr):
+def _pk_consumer_serial(p, WG: gl.constexpr, NC: gl.constexpr, S: gl.constexpr, UPS: gl.constexpr):
     """``_pk_consumer`` without the cross-item overlap inside a warpgroup (S, softmax, PV, store in turn: no P
     or O in flight while S is live, so 3 warpgroups fit 160 registers); the tensor core and the exps overlap
-    across the warpgroups only. Every slot is released right after its item's PV."""
+    across the warpgroups only. Each item's slot arrival right after its PV."""
     (qd, kd, kdd, vd, vdd, q_smem, km, kdg, vm, vdg, ready, empty, o_ptr, sink_ptr, stride_ot, stride_oh, qk_scale,
      window, q_start, q_len, tok0, n_units, h0, hkv) = p
+    DW: gl.constexpr = UPS * TPU
     a_l: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1], instr_shape=[16, 128, 16])
-    d_l: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1], instr_shape=[16, TPU, 16])
+    d_l: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1], instr_shape=[16, DW, 16])
     o_l: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1], instr_shape=[16, HD, 16])
-    row_l: gl.constexpr = gl.SliceLayout(1, a_l)
-    r = gl.arange(0, WM, row_l)
-    rt = r % TPU
-    sink0 = gl.load(sink_ptr + h0 + r // TPU).to(gl.float32) * 1.4426950408889634
-    sink1 = gl.load(sink_ptr + h0 + HPW + r // TPU).to(gl.float32) * 1.4426950408889634
-    lo_w = rt + 129 - window
-    ca = gl.expand_dims(gl.arange(0, 128, gl.SliceLayout(0, a_l)), 0)
-    cd = gl.expand_dims(gl.arange(0, TPU, gl.SliceLayout(0, d_l)), 0)
-    rtd = gl.expand_dims(gl.convert_layout(rt, gl.SliceLayout(1, d_l)), 1)
-    lwd = gl.expand_dims(gl.convert_layout(lo_w, gl.SliceLayout(1, d_l)), 1) - 128
-    for i in range(WG, 2 * n_units, NC):
-        u = i // 2
+    sink0, sink1, lo_w, rtd, lwd, ca, cd = _pk_rows(sink_ptr, h0, window, DW)
+    for i in range(WG, gl.cdiv(n_units, UPS) * (2 * UPS), NC):
+        v = i // (2 * UPS)
+        j = (i // 2) % UPS
         half = i % 2
-        s = u % S
-        mbarrier.wait(ready.index(s), (u // S) & 1)
-        q_s = q_smem.index(s * 2 + half)
+        s = v % S
+        mbarrier.wait(ready.index(s), (v // S) & 1)
+        q_s = q_smem.index((s * UPS + j) * 2 + half)
         sa = warpgroup_mma(q_s, km.index(s).permute((1, 0)), gl.zeros([WM, 128], gl.float32, a_l), use_acc=False,
                            is_async=True)
-        sd = warpgroup_mma(q_s, kdg.index(s).permute((1, 0)), gl.zeros([WM, TPU], gl.float32, d_l),
+        sd = warpgroup_mma(q_s, kdg.index(s).permute((1, 0)), gl.zeros([WM, DW], gl.float32, d_l),
                            use_acc=False, is_async=True)
         sa, sd = warpgroup_mma_wait(0, deps=(sa, sd))
-        t0 = tok0 + u * TPU
-        lo = gl.maximum(lo_w, 128 - t0)
-        xa = gl.where(ca >= gl.expand_dims(lo, 1), sa, float("-inf"))
-        xd = gl.where((cd <= rtd) & (cd >= lwd), sd, float("-inf"))
-        sink = gl.where(half == 0, sink0, sink1)
-        m = gl.maximum(gl.maximum(gl.max(xa, axis=1), gl.convert_layout(gl.max(xd, axis=1), row_l)) * qk_scale,
-                       sink)
-        pra = gl.exp2(xa * qk_scale - gl.expand_dims(m, 1))
-        prd = gl.exp2(xd * qk_scale - gl.expand_dims(gl.convert_layout(m, gl.SliceLayout(1, d_l)), 1))
-        l_i = gl.sum(pra, axis=1) + gl.convert_layout(gl.sum(prd, axis=1), row_l) + gl.exp2(sink - m)
+        t0s = tok0 + v * DW
+        pra, prd, l_i = _pk_softmax(sa, sd, half, j * TPU, t0s, qk_scale, sink0, sink1, lo_w, rtd, lwd, ca, cd)
         o = warpgroup_mma(_to_a(pra, o_l), vm.index(s), gl.zeros([WM, HD], gl.float32, o_l), use_acc=False,
                           is_async=True)
         o = warpgroup_mma(_to_a(prd, o_l), vdg.index(s), o, is_async=True)
         o = warpgroup_mma_wait(0, deps=(o, ))
         fence_async_shared()
         mbarrier.arrive(empty.index(s))
-        _pk_store(o, l_i, o_ptr, q_start, q_len, t0, h0 + half * HPW, stride_ot, stride_oh)
+        _pk_store(o, l_i, o_ptr, q_start, q_len, t0s + j * TPU, h0 + half * HPW, stride_ot, stride_oh)
 
 
 @gluon.jit
-def _pk_consumer_any(p, WG: gl.constexpr, NC: gl.constexpr, S: gl.constexpr, SERIAL: gl.constexpr):
+def _pk_consumer_any(p, WG: gl.constexpr, NC: gl.constexpr, S: gl.constexpr, SERIAL: gl.constexpr,
+                     UPS: gl.constexpr):
     if SERIAL:
-        _pk_consumer_serial(p, WG, NC, S)
+        _pk_consumer_serial(p, WG, NC, S, UPS)
     else:
-        _pk_consumer(p, WG, NC, S)
+        _pk_consumer(p, WG, NC, S, UPS)
 
 
 @gluon.jit
-def _pk_consumer0(p, NC: gl.constexpr, S: gl.constexpr, SERIAL: gl.constexpr):
-    _pk_consumer_any(p, 0, NC, S, SERIAL)
+def _pk_consumer0(p, NC: gl.constexpr, S: gl.constexpr, SERIAL: gl.constexpr, UPS: gl.constexpr):
+    _pk_consumer_any(p, 0, NC, S, SERIAL, UPS)
 
 
 @gluon.jit
-def _pk_consumer1(p, NC: gl.constexpr, S: gl.constexpr, SERIAL: gl.constexpr):
-    _pk_consumer_any(p, 1, NC, S, SERIAL)
+def _pk_consumer1(p, NC: gl.constexpr, S: gl.constexpr, SERIAL: gl.constexpr, UPS: gl.constexpr):
+    _pk_consumer_any(p, 1, NC, S, SERIAL, UPS)
 
 
 @gluon.jit
-def _pk_consumer2(p, NC: gl.constexpr, S: gl.constexpr, SERIAL: gl.constexpr):
-    _pk_consumer_any(p, 2, NC, S, SERIAL)
+def _pk_consumer2(p, NC: gl.constexpr, S: gl.constexpr, SERIAL: gl.constexpr, UPS: gl.constexpr):
+    _pk_consumer_any(p, 2, NC, S, SERIAL, UPS)
 
 
 @gluon.jit
 def window_packed_kernel(qd, kd, kdd, vd, vdd, cu_ptr, sink_ptr, o_ptr, stride_ot, stride_oh, qk_scale, window,
                          units_per_cta, GROUP: gl.constexpr, S: gl.constexpr, CONSUMER_REGS: gl.constexpr,
                          PRODUCER_REGS: gl.constexpr, num_warps: gl.constexpr, NC: gl.constexpr = 2,
-                         SERIAL: gl.constexpr = False):
-    """Grid (KV heads, chunks of ``units_per_cta`` units of 16 tokens, sequences)."""
-    NWG: gl.constexpr = GROUP // HPW     # head quads a unit (2): Q boxes a slot
+                         SERIAL: gl.constexpr = False, UPS: gl.constexpr = 1):
+    """Grid (KV heads, chunks of ``units_per_cta`` units of 16 tokens (a multiple of UPS), sequences)."""
+    NWG: gl.constexpr = GROUP // HPW     # head quads a unit (2)
     hkv = gl.program_id(0)
     b = gl.program_id(2)
     q_start = gl.load(cu_ptr + b)
@@ -265,25 +277,25 @@ def window_packed_kernel(qd, kd, kdd, vd, vdd, cu_ptr, sink_ptr, o_ptr, stride_o
     n_units = gl.minimum(gl.cdiv(q_len, TPU) - u0, units_per_cta)
     if n_units <= 0:
         return
-    q_smem = gl.allocate_shared_memory(gl.bfloat16, [S * NWG, WM, HD], qd.layout)
+    q_smem = gl.allocate_shared_memory(gl.bfloat16, [S * UPS * NWG, WM, HD], qd.layout)
     km = gl.allocate_shared_memory(gl.bfloat16, [S, 128, HD], kd.layout)
-    kdg = gl.allocate_shared_memory(gl.bfloat16, [S, TPU, HD], kdd.layout)
+    kdg = gl.allocate_shared_memory(gl.bfloat16, [S, UPS * TPU, HD], kdd.layout)
     vm = gl.allocate_shared_memory(gl.bfloat16, [S, 128, HD], vd.layout)
-    vdg = gl.allocate_shared_memory(gl.bfloat16, [S, TPU, HD], vdd.layout)
+    vdg = gl.allocate_shared_memory(gl.bfloat16, [S, UPS * TPU, HD], vdd.layout)
     ready = gl.allocate_shared_memory(gl.int64, [S, 1], mbarrier.MBarrierLayout())
     empty = gl.allocate_shared_memory(gl.int64, [S, 1], mbarrier.MBarrierLayout())
     for i in gl.static_range(S):
         mbarrier.init(ready.index(i), count=1)
-        mbarrier.init(empty.index(i), count=NWG)     # each of a unit's 2 items releases its slot once
+        mbarrier.init(empty.index(i), count=NWG * UPS)   # each of a slot's items releases it once
     fence_async_shared()
     p = (qd, kd, kdd, vd, vdd, q_smem, km, kdg, vm, vdg, ready, empty, o_ptr, sink_ptr, stride_ot, stride_oh,
          qk_scale, window, q_start, q_len, u0 * TPU, n_units, hkv * GROUP, hkv)
     if NC == 2:
-        gl.warp_specialize([(_pk_consumer0, (p, NC, S, SERIAL)), (_pk_consumer1, (p, NC, S, SERIAL)),
-                            (_pk_producer, (p, NWG, S))], [4, 1], [CONSUMER_REGS, PRODUCER_REGS])
+        gl.warp_specialize([(_pk_consumer0, (p, NC, S, SERIAL, UPS)), (_pk_consumer1, (p, NC, S, SERIAL, UPS)),
+                            (_pk_producer, (p, NWG, S, UPS))], [4, 1], [CONSUMER_REGS, PRODUCER_REGS])
     else:
-        gl.warp_specialize([(_pk_consumer0, (p, NC, S, SERIAL)), (_pk_consumer1, (p, NC, S, SERIAL)),
-                            (_pk_consumer2, (p, NC, S, SERIAL)), (_pk_producer, (p, NWG, S))], [4, 4, 1],
+        gl.warp_specialize([(_pk_consumer0, (p, NC, S, SERIAL, UPS)), (_pk_consumer1, (p, NC, S, SERIAL, UPS)),
+                            (_pk_consumer2, (p, NC, S, SERIAL, UPS)), (_pk_producer, (p, NWG, S, UPS))], [4, 4, 1],
                            [CONSUMER_REGS, CONSUMER_REGS, PRODUCER_REGS])
 
 
@@ -297,13 +309,15 @@ def window_packed_attention(q, k, v, cu_seqlens_q, sinks, scale: float, window: 
                          f"KV head (2 warpgroups x 4); got {Hq // hkv}")
     B = cu_seqlens_q.shape[0] - 1
     sms = torch.cuda.get_device_properties(q.device).multi_processor_count
-    per, n_chunks = packed_chunk(max_seqlen_q, B * hkv, sms, cfg.min_units)
-    window_packed_kernel[(hkv, n_chunks, B)](_desc(q, PK_TOK), _desc(k, 128), _desc(k, PK_TOK), _desc(v, 128),
-                                             _desc(v, PK_TOK), cu_seqlens_q, sinks, out, out.stride(0),
+    per, n_chunks = packed_chunk(max_seqlen_q, B * hkv, sms, cfg.min_units, cfg.ups)
+    dw = PK_TOK * cfg.ups
+    window_packed_kernel[(hkv, n_chunks, B)](_desc(q, PK_TOK), _desc(k, 128), _desc(k, dw), _desc(v, 128),
+                                             _desc(v, dw), cu_seqlens_q, sinks, out, out.stride(0),
                                              out.stride(1), scale * LOG2E, window, per, GROUP=Hq // hkv,
                                              S=cfg.stages, CONSUMER_REGS=cfg.consumer_regs,
                                              PRODUCER_REGS=cfg.producer_regs, num_warps=4, maxnreg=cfg.maxnreg,
-                                             NC=cfg.nc, SERIAL=cfg.serial)
+                                             NC=cfg.nc, SERIAL=cfg.serial,
+                                             UPS=cfg.ups)
     return out
 
 

@@ -122,54 +122,60 @@ PK_HEADS = 4    # query heads per unit (rows r -> head r // 16)
 PK_KEYS = 144   # keys a unit scores: [t0 - 128, t0 + 16)
 
 
-def packed_chunk(max_seqlen_q: int, streams: int, sms: int, min_units: int) -> tuple[int, int]:
-    """Units (of 16 tokens) per CTA and chunks per sequence: about one CTA per SM over ``streams`` = sequences
-    x KV heads, at least ``min_units`` units a CTA."""
+def packed_chunk(max_seqlen_q: int, streams: int, sms: int, min_units: int, ups: int = 1) -> tuple[int, int]:
+    """Units (of 16 tokens) per CTA, a multiple of ``ups`` (units a ring slot), and chunks per sequence: about
+    one CTA per SM over ``streams`` = sequences x KV heads, at least ``min_units`` units a CTA."""
     n = -(-max_seqlen_q // PK_TOK)
     per = min(max(min_units, -(-n * streams // max(sms, 1))), max(n, 1))
+    per = -(-per // ups) * ups
     return per, -(-n // per)
 
 
-def packed_bounds(t0: int, window: int) -> tuple[torch.Tensor, torch.Tensor]:
-    """The kernel's mask of a unit at token t0: row r sees columns lo[r] <= c <= hi[r] (key t0 - 128 + c)."""
-    rt = torch.arange(WM) % PK_TOK
+def packed_bounds(t0: int, window: int, toff: int = 0) -> tuple[torch.Tensor, torch.Tensor]:
+    """The kernel's mask of a unit at token t0 + toff of a ring slot whose keys start at t0 - 128: row r sees
+    columns lo[r] <= c <= hi[r] (key t0 - 128 + c)."""
+    rt = torch.arange(WM) % PK_TOK + toff
     lo = torch.clamp(rt + 129 - window, min=128 - t0)
     return lo, rt + 128
 
 
 def emulate_window_packed(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cu_seqlens_q: torch.Tensor,
-                          sinks: torch.Tensor, scale: float, window: int) -> torch.Tensor:
-    """Version 2's computation unit by unit, in float32 with P rounded to bf16 before the PV product: keys
-    read as TMA does (rows of the packed [T, Hkv, D] tensors, zeros below row 0 and past T), the sink in the
-    row max before the exps. q [T, Hq, D] -> [T, Hq, D] float32 (NaN where the kernel stores nothing)."""
+                          sinks: torch.Tensor, scale: float, window: int, ups: int = 1) -> torch.Tensor:
+    """Version 2's computation item by item, in float32 with P rounded to bf16 before the PV product: a ring
+    slot holds ``ups`` units (16 tokens each) and keys [t0 - 128, t0 + 16 ups), every unit of it scores all
+    of them (masked as the kernel masks), keys read as TMA does (rows of the packed [T, Hkv, D] tensors, zeros
+    below row 0 and past T), the sink in the row max before the exps. q [T, Hq, D] -> [T, Hq, D] float32 (NaN
+    where the kernel stores nothing)."""
     T, Hq, D = q.shape
     hkv = k.shape[1]
     group = Hq // hkv
+    nk = 128 + PK_TOK * ups
     out = torch.full((T, Hq, D), float("nan"))
     cu = cu_seqlens_q.tolist()
     qk_scale = scale * LOG2E
-    cols = torch.arange(PK_KEYS)
+    cols = torch.arange(nk)
     for b in range(len(cu) - 1):
         q_start, q_len = cu[b], cu[b + 1] - cu[b]
-        for t0 in range(0, q_len, PK_TOK):                       # every unit
-            lo, hi = packed_bounds(t0, window)
-            vis = (cols[None, :] >= lo[:, None]) & (cols[None, :] <= hi[:, None])     # [WM, PK_KEYS]
+        for t0 in range(0, q_len, PK_TOK * ups):                  # every ring slot
             first = q_start + t0 - 128
             pad = max(0, -first)
-            for kv in range(hkv):
-                kt = torch.cat([k.new_zeros(pad, D), _rows(k[:, kv], max(first, 0), PK_KEYS - pad)]).float()
-                vt = torch.cat([v.new_zeros(pad, D), _rows(v[:, kv], max(first, 0), PK_KEYS - pad)]).float()
-                for h4 in range(0, group, PK_HEADS):
-                    heads = [kv * group + h4 + j for j in range(PK_HEADS)]
-                    qt = torch.cat([_rows(q[:, h], q_start + t0, PK_TOK) for h in heads]).float()  # [WM, D]
-                    s = (qt @ kt.T * qk_scale).masked_fill(~vis, float("-inf"))
-                    sink = (sinks[heads].float() * LOG2E).repeat_interleave(PK_TOK)
-                    m = torch.maximum(s.max(1).values, sink)
-                    p = torch.exp2(s - m[:, None])
-                    l_ = p.sum(1) + torch.exp2(sink - m)
-                    res = (p.to(torch.bfloat16).float() @ vt) / l_[:, None]
-                    for j, h in enumerate(heads):
-                        tok = torch.arange(t0, t0 + PK_TOK)
+            for toff in range(0, PK_TOK * ups, PK_TOK):            # every unit of the slot
+                lo, hi = packed_bounds(t0, window, toff)
+                vis = (cols[None, :] >= lo[:, None]) & (cols[None, :] <= hi[:, None])     # [WM, nk]
+                for kv in range(hkv):
+                    kt = torch.cat([k.new_zeros(pad, D), _rows(k[:, kv], max(first, 0), nk - pad)]).float()
+                    vt = torch.cat([v.new_zeros(pad, D), _rows(v[:, kv], max(first, 0), nk - pad)]).float()
+                    for h4 in range(0, group, PK_HEADS):
+                        heads = [kv * group + h4 + j for j in range(PK_HEADS)]
+                        qt = torch.cat([_rows(q[:, h], q_start + t0 + toff, PK_TOK) for h in heads]).float()
+                        s = (qt @ kt.T * qk_scale).masked_fill(~vis, float("-inf"))
+                        sink = (sinks[heads].float() * LOG2E).repeat_interleave(PK_TOK)
+                        m = torch.maximum(s.max(1).values, sink)
+                        p = torch.exp2(s - m[:, None])
+                        l_ = p.sum(1) + torch.exp2(sink - m)
+                        res = (p.to(torch.bfloat16).float() @ vt) / l_[:, None]
+                        tok = torch.arange(t0 + toff, t0 + toff + PK_TOK)
                         keep = tok < q_len
-                        out[q_start + tok[keep], h] = res[j * PK_TOK:(j + 1) * PK_TOK][keep]
+                        for j, h in enumerate(heads):
+                            out[q_start + tok[keep], h] = res[j * PK_TOK:(j + 1) * PK_TOK][keep]
     return out
