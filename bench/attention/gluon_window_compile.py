@@ -58,7 +58,8 @@ def check_packed(name: str, window: int = 128) -> dict:
     by_regs = 65536 // (threads * -(-b.regs // 8) * 8)
     return dict(config=name, window=window, stages=cfg.stages, nc=cfg.nc, serial=cfg.serial, ups=cfg.ups,
                 regs_launch=b.regs, setmaxnreg=setmax, consumer_regs=cfg.consumer_regs,
-                smem_kb=round((b.smem - 1024) / 1024, 1), ctas_per_sm=min(by_regs, 227 * 1024 // b.smem), spill_ldl_stl=b.spills, hgmma=b.sass.count("HGMMA"),
+                smem_kb=round((b.smem - 1024) / 1024, 1), ctas_per_sm=min(by_regs, 227 * 1024 // b.smem),
+                spill_ldl_stl=b.spills, hgmma=b.sass.count("HGMMA"),
                 mufu_ex2=b.sass.count("MUFU.EX2"), sass_total=len(re.findall(r"/\*[0-9a-f]{4,}\*/\s+[A-Z@]", b.sass)),
                 loops=_loops(b.sass), ex2_under_pv=_under_pv(b.sass))
 
