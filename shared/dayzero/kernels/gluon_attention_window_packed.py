@@ -10,23 +10,24 @@ and every CTA loads its whole window before it computes (no overlap across work 
 Layout (``gluon_attention_window_schedule.emulate_window_packed`` runs the same arithmetic in torch):
   * a unit = 16 consecutive tokens t0 .. t0 + 15 (t0 a multiple of 16) of one KV head; an item = a unit's
     4-head quad (items 2u, 2u + 1): 64 score rows, row r = head (r // 16) of the quad, token t0 + r % 16.
-    Its keys: [t0 - 128, t0 + 16), 144 of them, as two wgmma tiles because tensor shapes and shared-memory
+    Its keys: [t0 - 128, t0 + 16), 144 of them (ups 1), as two wgmma tiles because tensor shapes and shared-memory
     slices are powers of 2 at aligned offsets: keys t0 - 128 .. t0 - 1 (m64n128; masked below the window
     only) and t0 .. t0 + 15 (m64n16; masked above the row's token). One exp per score, no online rescaling
     (the sink joins the row max before the exps): 144 scored keys a row for 128 visible (1.125x);
   * a CTA = one KV head x a chunk of units of one sequence, walked in order (grid (KV heads, chunks,
     sequences), about one CTA per SM, ``packed_chunk``);
-  * 1 producer warp: per unit, into ring slot u % stages (52 KB): K and V rows [t0 - 128, t0) and
-    [t0, t0 + 16) (boxes [128, 64] and [16, 64]; below row 0 TMA zero fill, masked anyway) and both quads' Q
-    (one [16, 64] box a head). Neighbouring units' keys overlap (112 of 128): they are re-read from L2, as
-    an aligned 128-key slice cannot start at t0 - 128 of a shared ring;
+  * 1 producer warp: per ring slot of ``ups`` units (tokens t0 .. t0 + 16 ups), into slot v % stages (52 KB
+    at ups 1, 72 KB at ups 2): K and V rows [t0 - 128, t0) and [t0, t0 + 16 ups) (boxes [128, 64] and
+    [16 ups, 64]; below row 0 TMA zero fill, masked anyway) and the units' Q quads (one [16, 64] box a head).
+    Every unit of a slot scores all 128 + 16 ups keys (ups 2: 160, 1.25x). Neighbouring slots' keys overlap:
+    they are re-read from L2, as an aligned 128-key slice cannot start at t0 - 128 of a shared ring;
   * ``nc`` consumer warpgroups take the items round-robin (nc = 2: warpgroup g keeps quad g). ``serial``
     off: FA3-style, the PV of item i runs under the S wgmmas of the next (P carried as the bf16 A operand),
     then item i's O / l is stored; the first PV is a dummy (P = 0, store masked). ``serial`` on: S, softmax,
     PV, store in turn (3 warpgroups fit 160 registers only so); the tensor core and the exps then overlap
     across the warpgroups. ptxas places the wait for the PV above the exps in both builds (as in the
     prefill kernel without its ``pin``), so inside a warpgroup the overlap is the S / PV wgmmas only;
-  * a slot is released (2 arrivals: its 2 items) once an item's PV is done; keys before the sequence start
+  * a slot is released (2 ups arrivals: its items) once each item's PV is done; keys before the sequence start
     (TMA zero fill below row 0, or the previous sequence) and after each row's token are masked: row r sees
     column c iff max(rt + 129 - w, 128 - t0) <= c <= rt + 128, rt = r % 16; rows past the sequence's end
     read the next sequence (or TMA zero fill) and are never stored.
