@@ -148,8 +148,12 @@ def test_split_vs_reference(name, T, variant):
     assert _tickets_zero(experts(name)[0])  # every ticket reset by its last user
 
 
+RUN10 = {"row_scales": True, "vec_combine": True, "ids_once": True}   # the run-10 candidates' options
+
+
 @pytest.mark.parametrize("T,tiles", [(5, {}), (20, {}), (64, {"bn_gate_up": 64, "bn_down": 64}),
-                                     (6, {"split_gate_up": 3, "split_down": 5})])
+                                     (6, {"split_gate_up": 3, "split_down": 5}), (5, RUN10),
+                                     (6, {"split_gate_up": 3, "split_down": 5, **RUN10})])
 def test_split_repeated_experts(T, tiles):
     # every token routes to experts 1..4: each gets all T rows (T > 16: the chunk loop over the plan table)
     from dayzero.kernels.triton_moe_small_split import SplitTiles

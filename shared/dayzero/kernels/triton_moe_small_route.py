@@ -116,3 +116,35 @@ def _touched(ids_ptr, slot_e_ptr, n_slots, P, offset, E, PB: tl.constexpr, PLAN:
         earlier = (q[None, :] < q[:, None]) & (idq[None, :] == idr[:, None])      # [PB, PB]
         lead = (q < P) & (idr >= 0) & (idr < E) & (tl.sum(earlier.to(tl.int32), 1) == 0)
         return tl.sum(lead.to(tl.int32), 0)
+
+
+# ---- leader slots from ids loaded once (``IDS1``): the helpers above reload the ids each, and in the sm_90
+# build of the fused down kernel those loads sit behind the branches on the previous ones' results, so a
+# program waited three dependent L2 round trips before its first weight load; from one [PB] load it waits one
+
+
+@triton.jit
+def _touched_of(q, idq, P, E):
+    """``_touched`` (leader slots) on the pair ids ``idq`` [PB] already loaded (``_local_ids``)."""
+    earlier = (q[None, :] < q[:, None]) & (idq[None, :] == idq[:, None])       # [PB, PB]
+    lead = (q < P) & (idq >= 0) & (idq < E) & (tl.sum(earlier.to(tl.int32), 1) == 0)
+    return tl.sum(lead.to(tl.int32), 0)
+
+
+@triton.jit
+def _slot_of(q, idq, s, P, E, PB: tl.constexpr):
+    """``_slot`` (leader slots: slot = pair s < P) on the loaded pair ids."""
+    e = tl.sum(tl.where(q == s, idq, 0), 0)
+    match = (q < P) & (idq == e)
+    first = tl.min(tl.where(match, q, PB), 0)
+    return tl.where((first == s) & (e >= 0) & (e < E), e, -1), tl.sum(match.to(tl.int32), 0)
+
+
+@triton.jit
+def _rows_of(q, idq, e, cnt, c, P, BM: tl.constexpr):
+    """``_rows`` (leader slots) on the loaded pair ids: rows c .. c+BM of expert e -> (pair id, valid)."""
+    m = c + tl.arange(0, BM)
+    match = (q < P) & (idq == e)
+    rank = tl.cumsum(match.to(tl.int32), 0) - 1
+    sel = match[None, :] & (rank[None, :] == m[:, None])                        # [BM, PB]
+    return tl.sum(tl.where(sel, q[None, :], 0), 1), m < cnt

@@ -67,6 +67,9 @@ class SplitTiles:
     # fused down (MMA): the last program of an N tile loads each token's ids and y rows at once
     # (``_combine_rows``) instead of an ids load then a y load per route
     vec_combine: bool = False
+    # fused MMA down: the pair ids loaded once per program for its slot, rows and touched count
+    # (``triton_moe_small_route._slot_of`` ...) instead of three dependent reloads before the first weight load
+    ids_once: bool = False
 
 
 # Candidate launch configurations (the GPU tests check each; the bench times each at every T).
@@ -121,21 +124,25 @@ VARIANTS = {
     # candidates for run 10 (bench/NOTES.md "MoE decode run 10"): the sm_90 SASS of every MMA K loop
     # waits one L2 round trip per 128-wide step for the next block scale (the move that carries it into
     # the next step waits for its load), whatever the pipeline depth (run 9: 8 stages no faster), and
-    # the fused combine chains 2k dependent loads on the last program. ``_r``: scales loaded once per
-    # program (row_scales) and the combine's loads at once (vec_combine); ``_r8``: 8 stages on top
+    # the fused combine chains 2k dependent loads on the last program, and the leader-slot prologue three
+    # before the first weight load. ``_r``: scales loaded once per program (row_scales), the combine's loads
+    # at once (vec_combine), the ids once (ids_once); ``_r8``/``_r6``: deeper pipelines on top; ``_rs``:
+    # the scale rows alone (splits the gain between the loop and the prologue / tail)
+    "gvg_d32_rs": SplitTiles(bn_gate_up=32, bn_down=32, split_gate_up=1, split_down=1, gemv=True, gemv_down=False,
+                             row_scales=True),
     "gvg_d32_r": SplitTiles(bn_gate_up=32, bn_down=32, split_gate_up=1, split_down=1, gemv=True, gemv_down=False,
-                            row_scales=True, vec_combine=True),
+                            row_scales=True, vec_combine=True, ids_once=True),
     "gvg_d32_r8": SplitTiles(bn_gate_up=32, bn_down=32, split_gate_up=1, split_down=1, gemv=True, gemv_down=False,
-                             row_scales=True, vec_combine=True, stages_down=8),
+                             row_scales=True, vec_combine=True, ids_once=True, stages_down=8),
     "k1_d32_r": SplitTiles(bn_gate_up=32, bn_down=32, split_gate_up=1, split_down=1, row_scales=True,
-                           vec_combine=True),
+                           vec_combine=True, ids_once=True),
     "k1_d64_r": SplitTiles(bn_gate_up=32, bn_down=64, split_gate_up=1, split_down=1, row_scales=True,
-                           vec_combine=True),
+                           vec_combine=True, ids_once=True),
     "k1_d64_r6": SplitTiles(bn_gate_up=32, bn_down=64, split_gate_up=1, split_down=1, row_scales=True,
-                            vec_combine=True, stages_down=6),
+                            vec_combine=True, ids_once=True, stages_down=6),
     "gv64_d32_r": SplitTiles(bn_gate_up=64, bn_down=32, split_gate_up=1, split_down=1, gemv=True, row_scales=True,
-                             vec_combine=True),
-    "bn64_r": SplitTiles(bn_gate_up=64, bn_down=64, row_scales=True, vec_combine=True),
+                             vec_combine=True, ids_once=True),
+    "bn64_r": SplitTiles(bn_gate_up=64, bn_down=64, row_scales=True, vec_combine=True, ids_once=True),
 }
 # the device tests run the engine on candidates before they become defaults: this environment variable
 # holds "name[@max_pairs],..." (``VARIANTS`` names); the first entry whose max_pairs >= T * k (or with
@@ -285,8 +292,10 @@ class MoeSplit:
             self.h, self.ids, self.weights, w, s, b, self.y, self.out, self.tickets2, self.slot_e, self.slot_cnt,
             self.slot_pairs, self.T, self.I, self.H, self.nt2, self.P, self.offset, self.E, self.slots,
             self.h.stride(0), w.stride(0), w.stride(1), s.stride(0), s.stride(1), b.stride(0), self.out.stride(0),
-            FUSE=self.fused, BN=t.bn_down, SPLIT=self.s2, EVEN_N=self.H % t.bn_down == 0, SK=scale_row(self.I, self.s2, t),
-            KP=triton.next_power_of_2(self.k) if t.vec_combine else 0, num_warps=t.warps_down or t.warps, **dict(self.launch, num_stages=t.stages_down or t.stages))
+            FUSE=self.fused, BN=t.bn_down, SPLIT=self.s2, EVEN_N=self.H % t.bn_down == 0,
+            SK=scale_row(self.I, self.s2, t), KP=triton.next_power_of_2(self.k) if t.vec_combine else 0,
+            IDS1=t.ids_once and self.fused, num_warps=t.warps_down or t.warps,
+            **dict(self.launch, num_stages=t.stages_down or t.stages))
 
     def combine(self) -> None:
         if self.fused:

@@ -29,7 +29,8 @@ import triton
 import triton.language as tl
 
 from .triton_gemv import _fence_gpu
-from .triton_moe_small_route import _chunk_end, _rows, _slot, _touched
+from .triton_moe_small_route import (_chunk_end, _local_ids, _rows, _rows_of, _slot, _slot_of, _touched,
+                                     _touched_of)
 
 
 @triton.jit
@@ -217,18 +218,26 @@ def down_kernel(h_ptr, ids_ptr, wt_ptr, w_ptr, s_ptr, b_ptr, y_ptr, out_ptr, tic
                 TOPK: tl.constexpr, TB: tl.constexpr, PB: tl.constexpr, BM: tl.constexpr, BN: tl.constexpr,
                 BK_: tl.constexpr, SPLIT: tl.constexpr, EVEN_N: tl.constexpr, H16: tl.constexpr, PLAN: tl.constexpr,
                 FUSE: tl.constexpr, ONE_CHUNK: tl.constexpr, DOT_F32: tl.constexpr, SK: tl.constexpr = 0,
-                KP: tl.constexpr = 0):
+                KP: tl.constexpr = 0, IDS1: tl.constexpr = False):
     s, pid_n, ks, kb0, kb1 = _program(tl.program_id(0), n_tiles, K, SPLIT, BK_)
     offs_n = pid_n * BN + tl.arange(0, BN)
     n_ok = offs_n < N
     offs_nc = tl.where(n_ok, offs_n, 0)
+    if IDS1:  # leader slots (not PLAN) from one load of the pair ids (``triton_moe_small_route``)
+        q, idq = _local_ids(ids_ptr, P, offset, PB)
     if FUSE:
-        touched = _touched(ids_ptr, slot_e_ptr, n_slots, P, offset, E, PB, PLAN)
+        if IDS1:
+            touched = _touched_of(q, idq, P, E)
+        else:
+            touched = _touched(ids_ptr, slot_e_ptr, n_slots, P, offset, E, PB, PLAN)
         if touched == 0:  # no route to this rank: nobody draws a ticket, one program writes zeros
             if (s == 0) & (ks == 0):
                 _combine(y_ptr, ids_ptr, out_ptr, T, P, N, offset, E, stride_o, offs_n, n_ok, TOPK, SPLIT, BN, KP)
             return
-    e, cnt = _slot(ids_ptr, slot_e_ptr, slot_cnt_ptr, s, P, offset, E, PB, PLAN)
+    if IDS1:
+        e, cnt = _slot_of(q, idq, s, P, E, PB)
+    else:
+        e, cnt = _slot(ids_ptr, slot_e_ptr, slot_cnt_ptr, s, P, offset, E, PB, PLAN)
     if e < 0:
         return
     e64 = e.to(tl.int64)
@@ -237,7 +246,10 @@ def down_kernel(h_ptr, ids_ptr, wt_ptr, w_ptr, s_ptr, b_ptr, y_ptr, out_ptr, tic
     sc_ptr = s_ptr + e64 * stride_se + ((pid_n * BN) // 128) * stride_sn
     bias = tl.load(b_ptr + e64 * stride_be + offs_nc, mask=n_ok & (ks == 0), other=0.0).to(tl.float32)
     for c in range(0, _chunk_end(cnt, ONE_CHUNK), BM):
-        pair, row_ok = _rows(ids_ptr, slot_pairs_ptr, s, e, cnt, c, P, offset, TB, BM, PB, PLAN)
+        if IDS1:
+            pair, row_ok = _rows_of(q, idq, e, cnt, c, P, BM)
+        else:
+            pair, row_ok = _rows(ids_ptr, slot_pairs_ptr, s, e, cnt, c, P, offset, TB, BM, PB, PLAN)
         a_ptrs = h_ptr + pair.to(tl.int64)[:, None] * stride_h + offs_k[None, :]
         acc = _stream(a_ptrs, row_ok, b_ptrs, sc_ptr, n_ok, K, kb0, kb1, BM, BN, BK_, EVEN_N, H16, DOT_F32, SK)
         wt = tl.load(wt_ptr + pair, mask=row_ok, other=0.0).to(tl.float32)
