@@ -215,8 +215,10 @@ def test_gpu_window_ragged_edges(cfg, sinks):
 @pytest.mark.parametrize("cfg", CFGS)
 @pytest.mark.parametrize("window", [100, 1])
 def test_gpu_window_narrow(cfg, window):
-    """A window below 128: the middle tile is masked too (MID_MASK)."""
+    """A window below 128: the middle tile is masked too (MID_MASK); and a call of 5 tokens (T below every TMA
+    box: version 2's Q / K boxes of 16 / 128 rows read zero fill past T and below row 0)."""
     _run(make_case([300, 129, 1, 64], [0] * 4, window=window, sinks="mixed", seed=19 + window, device="cuda"), cfg)
+    _run(make_case([5], [0], window=window, sinks="mixed", seed=29 + window, device="cuda"), cfg)
 
 
 @pytest.mark.gpu
