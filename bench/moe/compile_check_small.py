@@ -30,8 +30,10 @@ TYPES = {"x_ptr": "*bf16", "h_ptr": "*bf16", "ids_ptr": "*i64", "wt_ptr": "*bf16
          "ws_ptr": "*fp32", "ticket_ptr": "*i32"}
 
 
-def k_loop(sass: str) -> tuple[int, int]:
-    """(instructions, HMMAs) of the innermost backward-branch loop that holds an HMMA (the K loop)."""
+def k_loop(sass: str) -> tuple[int, int, int]:
+    """(instructions, HMMAs, plain global loads) of the innermost backward-branch loop that holds an HMMA
+    (the K loop). A plain LDG there (not LDGSTS) is waited for inside the loop: the one-step-ahead block
+    scale load of ``_stream`` (SK = 0) is, by the register move that carries it into the next step."""
     lines = [ln for ln in sass.splitlines() if re.match(r"\s+/\*[0-9a-f]{4}\*/", ln)]
     addr = [int(re.match(r"\s+/\*([0-9a-f]{4})\*/", ln).group(1), 16) for ln in lines]
     best = None
@@ -41,8 +43,8 @@ def k_loop(sass: str) -> tuple[int, int]:
             body = [x for x, a in zip(lines, addr) if int(m.group(1), 16) <= a <= addr[i]]
             hmma = sum("HMMA" in x for x in body)
             if hmma and (best is None or len(body) < best[0]):
-                best = (len(body), hmma)
-    return best or (0, 0)
+                best = (len(body), hmma, sum(bool(re.search(r"\bLDG\.", x)) for x in body))
+    return best or (0, 0, 0)
 
 
 def gemv_loop(sass: str) -> int:
@@ -68,13 +70,13 @@ def check(kernel, consts: dict, warps: int = 4, stages: int = 4, maxnreg: int = 
                    **({"maxnreg": maxnreg} if maxnreg else {}))
     sass = b.sass
     if "U" in consts:  # GEMV kernel: one loop trip = U steps of [BN, BK] weights
-        loop, hmma = gemv_loop(sass), 0
+        loop, hmma, ldg = gemv_loop(sass), 0, -1
         kb_per_warp = consts["BN"] * consts["BK"] * consts["U"] / warps / 1024
     else:
-        loop, hmma = k_loop(sass)
+        loop, hmma, ldg = k_loop(sass)
         kb_per_warp = consts["BN"] * 128 / warps / 1024   # weight KB per warp and K step
     return dict(regs=b.regs, local_ld_st=b.spills, smem=b.smem, programs_per_sm=b.programs_per_sm,
-                async_copies=b.ttgir.count("async_copy_global_to_local"), loop_instr=loop, hmma=hmma,
+                async_copies=b.ttgir.count("async_copy_global_to_local"), loop_instr=loop, hmma=hmma, loop_ldg=ldg,
                 instr_per_kb=round(loop / kb_per_warp))
 
 
