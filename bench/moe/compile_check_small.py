@@ -107,7 +107,7 @@ def split_configs(labels=None):
                 if kern is S.down_kernel:
                     consts["FUSE"] = fused
                     consts["KP"] = 4 if t.vec_combine else 0
-                    consts["IDS1"] = t.ids_once and fused
+                consts["IDS1"] = t.ids_once and fused
                 consts["SK"] = scale_row(2880, split, t)
                 warps = t.warps_down or t.warps if kern is S.down_kernel else t.warps
                 stages = t.stages_down or t.stages if kern is S.down_kernel else t.stages

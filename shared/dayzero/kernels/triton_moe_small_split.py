@@ -67,8 +67,8 @@ class SplitTiles:
     # fused down (MMA): the last program of an N tile loads each token's ids and y rows at once
     # (``_combine_rows``) instead of an ids load then a y load per route
     vec_combine: bool = False
-    # fused MMA down: the pair ids loaded once per program for its slot, rows and touched count
-    # (``triton_moe_small_route._slot_of`` ...) instead of three dependent reloads before the first weight load
+    # fused MMA kernels: the pair ids loaded once per program for its slot, rows (and down's touched count)
+    # (``triton_moe_small_route._slot_of`` ...) instead of dependent reloads before the first weight load
     ids_once: bool = False
 
 
@@ -276,7 +276,7 @@ class MoeSplit:
             self.H, 2 * self.I, self.nt1, self.P, self.offset, self.E, self.x.stride(0), w.stride(0), w.stride(1),
             s.stride(0), s.stride(1), b.stride(0), self.h.stride(0), self.limit, SWIGLU_ALPHA, BN=t.bn_gate_up,
             SPLIT=self.s1, EVEN_N=(2 * self.I) % t.bn_gate_up == 0, SK=scale_row(self.H, self.s1, t),
-            num_warps=t.warps, **self.launch)
+            IDS1=t.ids_once and self.fused, num_warps=t.warps, **self.launch)
 
     def down(self) -> None:
         ex, t = self.ex, self.tiles

@@ -133,9 +133,14 @@ def gate_up_kernel(x_ptr, ids_ptr, w_ptr, s_ptr, b_ptr, h_ptr, ws_ptr, ticket_pt
                    stride_sn, stride_be, stride_h, limit, alpha,
                    TOPK: tl.constexpr, TB: tl.constexpr, PB: tl.constexpr, BM: tl.constexpr, BN: tl.constexpr,
                    BK_: tl.constexpr, SPLIT: tl.constexpr, EVEN_N: tl.constexpr, H16: tl.constexpr,
-                   PLAN: tl.constexpr, ONE_CHUNK: tl.constexpr, DOT_F32: tl.constexpr, SK: tl.constexpr = 0):
+                   PLAN: tl.constexpr, ONE_CHUNK: tl.constexpr, DOT_F32: tl.constexpr, SK: tl.constexpr = 0,
+                   IDS1: tl.constexpr = False):
     s, pid_n, ks, kb0, kb1 = _program(tl.program_id(0), n_tiles, K, SPLIT, BK_)
-    e, cnt = _slot(ids_ptr, slot_e_ptr, slot_cnt_ptr, s, P, offset, E, PB, PLAN)
+    if IDS1:  # leader slots (not PLAN) from one load of the pair ids (``triton_moe_small_route``)
+        q, idq = _local_ids(ids_ptr, P, offset, PB)
+        e, cnt = _slot_of(q, idq, s, P, E, PB)
+    else:
+        e, cnt = _slot(ids_ptr, slot_e_ptr, slot_cnt_ptr, s, P, offset, E, PB, PLAN)
     if e < 0:
         return
     e64 = e.to(tl.int64)
@@ -147,7 +152,10 @@ def gate_up_kernel(x_ptr, ids_ptr, w_ptr, s_ptr, b_ptr, h_ptr, ws_ptr, ticket_pt
     sc_ptr = s_ptr + e64 * stride_se + ((pid_n * BN) // 128) * stride_sn
     bias = tl.load(b_ptr + e64 * stride_be + offs_nc, mask=n_ok, other=0.0).to(tl.float32)
     for c in range(0, _chunk_end(cnt, ONE_CHUNK), BM):
-        pair, row_ok = _rows(ids_ptr, slot_pairs_ptr, s, e, cnt, c, P, offset, TB, BM, PB, PLAN)
+        if IDS1:
+            pair, row_ok = _rows_of(q, idq, e, cnt, c, P, BM)
+        else:
+            pair, row_ok = _rows(ids_ptr, slot_pairs_ptr, s, e, cnt, c, P, offset, TB, BM, PB, PLAN)
         a_ptrs = x_ptr + (pair // TOPK).to(tl.int64)[:, None] * stride_x + offs_k[None, :]
         acc = _stream(a_ptrs, row_ok, b_ptrs, sc_ptr, n_ok, K, kb0, kb1, BM, BN, BK_, EVEN_N, False, DOT_F32, SK)
         if SPLIT == 1:
