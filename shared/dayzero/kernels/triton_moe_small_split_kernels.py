@@ -18,6 +18,9 @@ that expert at small T * k); its tokens (at most BM per chunk) are the M side of
 The K loop is bound by instructions per weight byte (run 3: ~209 per warp and 128-wide step at
 BN = 32), so full K blocks load weights without masks and block scales are loaded one step ahead;
 A rows past an expert's token count stay masked (no bytes moved for them).
+Options of the run-10 candidates (``SplitTiles`` row_scales / vec_combine / ids_once; off in the shipped
+tiles): ``SK`` > 0 loads a program's block scales once before the K loop, ``KP`` > 0 combines with
+``_combine_rows``, ``IDS1`` finds leader slots and rows from one load of the pair ids.
 Tickets live between calls (``experts.derived``): zero before the first call, reset by their last
 user. Weights FP8 [E, N, K] with 128x128 block scales [E, ceil(N/128), ceil(K/128)] (BN divides 128);
 activations bf16, widened weights, fp32 accumulation. No host syncs: CUDA-graph capturable.
