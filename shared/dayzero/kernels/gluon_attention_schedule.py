@@ -75,6 +75,24 @@ def _rows(t: torch.Tensor, first: int, n: int) -> torch.Tensor:
     return blk
 
 
+def online_step(m: torch.Tensor, l_: torch.Tensor, o: torch.Tensor, s: torch.Tensor,
+                vt: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """One key tile of the kernels' online softmax in log2 units: s [WM, BN] scaled scores (masked -inf),
+    vt [BN, D]; P is rounded to bf16 before the PV product, as the wgmma operand is."""
+    m_new = torch.maximum(m, s.max(1).values)
+    p = torch.exp2(s - m_new[:, None])
+    alpha = torch.exp2(m - m_new)
+    return m_new, l_ * alpha + p.sum(1), o * alpha[:, None] + p.to(torch.bfloat16).float() @ vt
+
+
+def finish_with_sink(m: torch.Tensor, l_: torch.Tensor, o: torch.Tensor, sink: float) -> torch.Tensor:
+    """The epilogue: the head's sink logit joins the denominator once; returns O / l [WM, D]."""
+    sink = sink * LOG2E
+    m_f = torch.clamp(m, min=sink)
+    alpha = torch.exp2(m - m_f)
+    return o * (alpha / (l_ * alpha + torch.exp2(sink - m_f)))[:, None]
+
+
 def emulate(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cu_seqlens_q: torch.Tensor, sinks: torch.Tensor,
             scale: float, nwg: int = 2, block_n: int = 128) -> torch.Tensor:
     """The kernel's computation, CTA by CTA and warpgroup by warpgroup, in float32 with P rounded to
@@ -106,17 +124,8 @@ def emulate(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cu_seqlens_q: tor
                         if j == 0 or j >= cta.n_full:                              # masked tiles
                             cols = j * block_n + torch.arange(block_n)
                             s = s.masked_fill(cols[None, :] > rows[:, None], float("-inf"))
-                        m_new = torch.maximum(m, s.max(1).values)
-                        p = torch.exp2(s - m_new[:, None])
-                        alpha = torch.exp2(m - m_new)
-                        l_ = l_ * alpha + p.sum(1)
-                        o = o * alpha[:, None] + p.to(torch.bfloat16).float() @ vt
-                        m = m_new
-                    sink = float(sinks[h]) * LOG2E
-                    m_f = torch.clamp(m, min=sink)
-                    alpha = torch.exp2(m - m_f)
-                    l_ = l_ * alpha + torch.exp2(sink - m_f)
-                    res = o * (alpha / l_)[:, None]
+                        m, l_, o = online_step(m, l_, o, s, vt)
+                    res = finish_with_sink(m, l_, o, float(sinks[h]))
                     keep = rows < q_len
                     out[q_start + rows[keep], h] = res[keep]
     return out

@@ -30,7 +30,7 @@ from dataclasses import dataclass
 
 import torch
 
-from .gluon_attention_schedule import LOG2E, WM, _rows, check_tensors
+from .gluon_attention_schedule import LOG2E, WM, _rows, check_tensors, finish_with_sink, online_step
 
 MAX_WINDOW = 128  # two tiles of 64 keys before a warpgroup's first row
 BN = 64           # keys per tile
@@ -100,17 +100,8 @@ def emulate_window(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cu_seqlens
                             cols = base + torch.arange(BN)
                             vis = (cols[None, :] <= rows[:, None]) & (rows[:, None] - cols[None, :] < window)
                             s = s.masked_fill(~vis, float("-inf"))
-                        m_new = torch.maximum(m, s.max(1).values)
-                        p = torch.exp2(s - m_new[:, None])
-                        alpha = torch.exp2(m - m_new)
-                        l_ = l_ * alpha + p.sum(1)
-                        o = o * alpha[:, None] + p.to(torch.bfloat16).float() @ vt
-                        m = m_new
-                    sink = float(sinks[h]) * LOG2E
-                    m_f = torch.clamp(m, min=sink)
-                    alpha = torch.exp2(m - m_f)
-                    l_ = l_ * alpha + torch.exp2(sink - m_f)
-                    res = o * (alpha / l_)[:, None]
+                        m, l_, o = online_step(m, l_, o, s, vt)
+                    res = finish_with_sink(m, l_, o, float(sinks[h]))
                     keep = rows < q_len
                     out[q_start + rows[keep], h] = res[keep]
     return out
