@@ -32,6 +32,8 @@ import torch
 
 GPU_CATS = frozenset({"kernel", "gpu_memcpy", "gpu_memset"})
 OUTSIDE = "(outside ops)"
+FORWARD = "dayzero:forward"   # the profiled call's own range: lead (host before the first GPU activity) and tail
+TOP_GAPS = 12
 
 
 def op_key(name: str, args: tuple) -> str:
@@ -62,6 +64,9 @@ class Breakdown:
     wall_ms: float = 0.0                        # the profiled forward, host wall clock (device synced)
     gpu_events: int = 0
     unmatched_launches: int = 0                 # GPU events whose launch call the trace did not show
+    lead_ms: float = 0.0                        # the call's start (host) to its first GPU activity
+    tail_ms: float = 0.0                        # its last GPU activity's end to the call's end (host)
+    gaps: list[dict] = field(default_factory=list)  # the TOP_GAPS longest idle gaps, longest first
 
     @property
     def ops_ms(self) -> float:
@@ -85,7 +90,8 @@ class Breakdown:
                "total_ms": self.total_ms, "profiled_wall_ms": self.wall_ms, "gpu_events": self.gpu_events,
                "unmatched_launches": self.unmatched_launches,
                "gpu_span_ms": self.gpu_span_ms, "gpu_idle_ms": self.idle_ms, "outside_idle_ms": self.outside_idle_ms,
-               "untimed_forward_ms": untimed_ms}
+               "untimed_forward_ms": untimed_ms, "lead_ms": self.lead_ms, "tail_ms": self.tail_ms,
+               "top_gaps": self.gaps}
         if untimed_ms:
             out["total_over_untimed"] = self.total_ms / untimed_ms
         return out
@@ -168,10 +174,13 @@ class OpProfiler:
         acts = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if self.cuda else [])
         sync = torch.cuda.synchronize if self.cuda else (lambda: None)
         sync()
+        from torch.profiler import record_function
+
         with profile(activities=acts) as prof:
             t0 = time.perf_counter()
-            run_once()
-            sync()
+            with record_function(FORWARD):
+                run_once()
+                sync()
             wall = (time.perf_counter() - t0) * 1e3
         fd, path = tempfile.mkstemp(suffix=".json", prefix="dayzero-breakdown-")
         os.close(fd)
@@ -192,12 +201,15 @@ def attribute(events: list[dict]) -> Breakdown:
     launches: dict[object, tuple[object, float]] = {}                          # correlation -> (tid, ts)
     gpu: list[dict] = []
     host: dict[str, OpStat] = defaultdict(OpStat)
+    forward: tuple[float, float] | None = None
     ext_keys: dict[object, str] = {}                                           # External id -> op range key
     for e in events:
         if e.get("ph") != "X":
             continue
         cat, name = e.get("cat", ""), e.get("name", "")
-        if cat == "user_annotation" and name.startswith("op:"):
+        if cat == "user_annotation" and name == FORWARD:
+            forward = (float(e["ts"]), float(e["ts"]) + float(e.get("dur", 0.0)))
+        elif cat == "user_annotation" and name.startswith("op:"):
             key = name[3:]
             ext = (e.get("args") or {}).get("External id")
             if ext is not None:
@@ -240,7 +252,9 @@ def attribute(events: list[dict]) -> Breakdown:
         outside, outside_idle, unmatched = 0.0, 0.0, 0
         gpu.sort(key=lambda e: float(e["ts"]))
         busy_until = float(gpu[0]["ts"])                # end of the GPU's latest activity so far (us)
-        for e in gpu:
+        gaps: list[dict] = []                           # every idle gap: before which event, after which
+        prev_name = ""
+        for i, e in enumerate(gpu):
             ts, dur = float(e["ts"]), float(e.get("dur", 0.0))
             idle = max(0.0, ts - busy_until) / 1e3
             busy_until = max(busy_until, ts + dur)
@@ -257,12 +271,20 @@ def attribute(events: list[dict]) -> Breakdown:
                 stat = ops.setdefault(key, OpStat())
                 stat.gpu_ms += dur / 1e3
                 stat.idle_ms += idle
+            if idle > 0:
+                gaps.append({"idle_us": idle * 1e3, "event": i, "op": key or OUTSIDE,
+                             "after": prev_name[:60], "before": e.get("name", "")[:60]})
+            prev_name = e.get("name", "")
         span = (busy_until - float(gpu[0]["ts"])) / 1e3
+        top = sorted(gaps, key=lambda g: -g["idle_us"])[:TOP_GAPS]
         mode = "profiler-gpu"
     ops = dict(sorted(ops.items(), key=lambda kv: -kv[1].gpu_ms))
     bd = Breakdown(mode=mode, ops=ops, outside_ms=outside, gpu_events=len(gpu), unmatched_launches=unmatched)
     if gpu:
-        bd.outside_idle_ms, bd.gpu_span_ms = outside_idle, span
+        bd.outside_idle_ms, bd.gpu_span_ms, bd.gaps = outside_idle, span, top
+        if forward is not None:
+            bd.lead_ms = max(0.0, float(gpu[0]["ts"]) - forward[0]) / 1e3
+            bd.tail_ms = max(0.0, forward[1] - busy_until) / 1e3
     return bd
 
 
@@ -279,4 +301,7 @@ def print_breakdown(bd: dict | None, check: dict | None = None) -> None:
               f"{check.get('gpu_events', 0)} GPU events, {check.get('unmatched_launches', 0)} without a launch record")
         if check.get("gpu_span_ms"):
             print(f"  GPU span {check['gpu_span_ms']:.3f} ms, idle inside it {check['gpu_idle_ms']:.3f} ms "
-                  f"(before activities launched outside ops {check.get('outside_idle_ms', 0.0):.3f} ms)")
+                  f"(before activities launched outside ops {check.get('outside_idle_ms', 0.0):.3f} ms); "
+                  f"host lead {check.get('lead_ms', 0.0):.3f} ms, tail {check.get('tail_ms', 0.0):.3f} ms")
+        for g in check.get("top_gaps") or []:
+            print(f"    gap {g['idle_us']:9.1f} us before event {g['event']} ({g['op']}): {g['after']} -> {g['before']}")

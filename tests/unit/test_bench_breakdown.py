@@ -50,6 +50,7 @@ def test_attribute_matches_kernels_to_the_range_that_launched_them():
 def test_attribute_counts_gpu_idle_before_the_op_that_ends_it():
     """A gap between GPU activities is idle time of the op whose launch ended it (what the GPU waited for)."""
     ev = [
+        _x("user_annotation", "dayzero:forward", 0, 300),          # the profiled call's own range
         _x("user_annotation", "op:attention", 0, 10),
         _x("cuda_runtime", "cudaLaunchKernel", 2, 1, corr=1),
         _x("user_annotation", "op:moe_experts", 20, 30),
@@ -70,6 +71,10 @@ def test_attribute_counts_gpu_idle_before_the_op_that_ends_it():
     summ = bd.summary(None)
     assert summ["gpu_idle_ms"] == pytest.approx(0.050) and summ["gpu_span_ms"] == pytest.approx(0.165)
     assert bd.to_json()["moe_experts"]["idle_ms"] == pytest.approx(0.020)
+    assert bd.lead_ms == pytest.approx(0.100) and bd.tail_ms == pytest.approx(0.035)   # 0 -> 100, 265 -> 300
+    assert [(g["idle_us"], g["op"], g["after"], g["before"]) for g in bd.gaps] == [
+        (pytest.approx(30.0), OUTSIDE, "k3", "k4"), (pytest.approx(20.0), "moe_experts", "k1", "k2")]
+    assert summ["lead_ms"] == pytest.approx(0.100) and len(summ["top_gaps"]) == 2
 
 
 def test_attribute_falls_back_to_the_external_id_when_the_launch_is_missing():
