@@ -21,6 +21,9 @@ pt=(python3 -m pytest -q -p no:cacheprovider --noconftest -o addopts="" --durati
     tests/kernels/test_attention_gluon_window_gpu.py)
 # the configuration-free tests (CPU schedule, bad input) and every configuration's GPU tests at once, each
 # in its own process under its own timeout (a hang or fault costs only that process; small cases)
+# one CPU thread per test process: 6-9 processes x torch's default thread count spun against each other
+# (session 5: the CPU emulation test took 42-55 s on the device, 0.06 s alone)
+export OMP_NUM_THREADS="${OMP_NUM_THREADS:-1}"
 echo "=== tests, in parallel ($(date -u +%H:%M:%S))" | tee -a "$log"
 ( DAYZERO_GLUON_WINDOW_CFGS=w2 timeout -k 5 "${GLUON_WINDOW_TEST_S:-70}" "${pt[@]}" \
     -k "emulation_matches or emulation_extreme or check_can_fail or cta_tiles or bounds or chunks or refuses or listed or unsupported" \
