@@ -24,6 +24,7 @@ from dayzero.kvcache import KVCacheManager
 from dayzero.model.attention import ForwardBatch
 from dayzero.model.transformer import GptOssForEngine
 
+from . import staging
 from .cuda_graph import DEFAULT_BUCKETS, DecodeGraphs
 
 
@@ -58,7 +59,10 @@ class ModelRunner:
         self.graphs = DecodeGraphs(model, kv, self.kv_caches, max_model_len or model.max_positions,
                                    graph_buckets) if cuda_graphs else None
 
-    def build_batch(self, chunks: list[SeqChunk]) -> tuple[torch.Tensor, ForwardBatch]:
+    def build_batch(self, chunks: list[SeqChunk], logit_rows: list[int] | None = None
+                    ) -> tuple[torch.Tensor, ForwardBatch, torch.Tensor | None]:
+        """(token ids [T] int64, the batch's metadata, ``logit_rows`` [N] int64 or None) on the device, all
+        staged on the host and copied in one transfer (``runtime.staging``)."""
         ids, pos, cu = [], [], [0]
         for c in chunks:
             if not c.token_ids:
@@ -70,18 +74,22 @@ class ModelRunner:
         starts = [c.start for c in chunks]
         counts = [len(c.token_ids) for c in chunks]
         totals = [s + n for s, n in zip(starts, counts)]
-        bt_full, bt_slide = self.kv.block_tables(seq_ids, totals, self.device)
-        slots_full, slots_slide = self.kv.slot_mappings(seq_ids, starts, counts, self.device)
-        dev = self.device
+        cpu = torch.device("cpu")
+        bt_full, bt_slide = self.kv.block_tables(seq_ids, totals, cpu)
+        slots_full, slots_slide = self.kv.slot_mappings(seq_ids, starts, counts, cpu)
+        host = {"ids": torch.tensor(ids, dtype=torch.int64), "pos": torch.cat(pos),
+                "cu": torch.tensor(cu, dtype=torch.int32), "cached": torch.tensor(starts, dtype=torch.int32),
+                "bt_full": bt_full, "bt_slide": bt_slide, "slots_full": slots_full, "slots_slide": slots_slide}
+        if logit_rows is not None:
+            host["rows"] = torch.tensor(logit_rows, dtype=torch.int64)
+        d = staging.pack(host, self.device)
         fb = ForwardBatch(
-            positions=torch.cat(pos).to(dev),
-            cu_seqlens_q=torch.tensor(cu, dtype=torch.int32, device=dev),
-            cached_lens=torch.tensor(starts, dtype=torch.int32, device=dev),
-            block_tables_full=bt_full, block_tables_sliding=bt_slide,
-            slots_full=slots_full, slots_sliding=slots_slide, kv_caches=self.kv_caches)
+            positions=d["pos"], cu_seqlens_q=d["cu"], cached_lens=d["cached"],
+            block_tables_full=d["bt_full"], block_tables_sliding=d["bt_slide"],
+            slots_full=d["slots_full"], slots_sliding=d["slots_slide"], kv_caches=self.kv_caches)
         if self.attention_hints:
             fb.max_seqlen_q, fb.max_seqlen_k = max(counts), max(starts)
-        return torch.tensor(ids, dtype=torch.int64, device=dev), fb
+        return d["ids"], fb, d.get("rows")
 
     @torch.no_grad()
     def run(self, chunks: list[SeqChunk]) -> list[torch.Tensor | None]:
@@ -93,14 +101,12 @@ class ModelRunner:
             if c.start + len(c.token_ids) > self.model.max_positions:
                 raise ValueError(f"sequence {c.seq_id!r}: position {c.start + len(c.token_ids) - 1} is beyond the "
                                  f"model's {self.model.max_positions} positions")
-            bad = [t for t in c.token_ids if not 0 <= t < vocab]
-            if bad:
+            if c.token_ids and (min(c.token_ids) < 0 or max(c.token_ids) >= vocab):
+                bad = [t for t in c.token_ids if not 0 <= t < vocab]
                 raise ValueError(f"sequence {c.seq_id!r}: token id(s) {bad[:5]} outside the vocabulary [0, {vocab})")
         if self.graphs is not None and self.graphs.supports(chunks):
             logits = self.graphs.run(chunks)                                  # [B, V] fp32, one row per chunk
             return [None if c.logits == "none" else logits[b:b + 1] for b, c in enumerate(chunks)]
-        ids, fb = self.build_batch(chunks)
-        hidden = self.model(ids, fb)                                          # [T, H]
         rows, spans, r = [], [], 0
         for c in chunks:
             n = len(c.token_ids)
@@ -113,7 +119,9 @@ class ModelRunner:
             else:
                 spans.append(None)
             r += n
+        ids, fb, rows_dev = self.build_batch(chunks, rows)
+        hidden = self.model(ids, fb)                                          # [T, H]
         if not rows:
             return [None] * len(chunks)
-        logits = self.model.compute_logits(hidden[torch.tensor(rows, device=hidden.device)])  # [N, V] fp32
+        logits = self.model.compute_logits(hidden[rows_dev])                  # [N, V] fp32
         return [None if s is None else logits[s[0]:s[0] + s[1]] for s in spans]
