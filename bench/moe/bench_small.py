@@ -69,8 +69,10 @@ def routings(T: int, E: int, seed: int) -> list[tuple[torch.Tensor, torch.Tensor
 
 
 def makers(T: int, E: int, ex) -> dict:
-    """name -> (x, weights, ids) -> a call object with ``__call__`` (and stage methods)."""
-    pick = os.environ.get("MOE_SMALL_VARIANTS" if T <= 8 else "MOE_SMALL_BIG_VARIANTS", "")
+    """name -> (x, weights, ids) -> a call object with ``__call__`` (and stage methods).
+    ``MOE_SMALL_VARIANTS_T<T>`` (e.g. MOE_SMALL_VARIANTS_T4) names the candidates at that T alone."""
+    pick = os.environ.get(f"MOE_SMALL_VARIANTS_T{T}",
+                          os.environ.get("MOE_SMALL_VARIANTS" if T <= 8 else "MOE_SMALL_BIG_VARIANTS", ""))
     m = {f"split_{name}": (lambda x, w, i, t=t: MoeSplit(x, w, i, ex, LIMIT, t)) for name, t in VARIANTS.items()
          if not pick or name in pick.split(",")}
     m["old_small"] = lambda x, w, i: MoeRun(x, w, i, ex, LIMIT, small=True)
@@ -78,8 +80,9 @@ def makers(T: int, E: int, ex) -> dict:
 
 
 def _compile_job(job: tuple) -> str:
-    """Worker: run every configuration of (E, T) once (Triton compiles and caches its kernels)."""
-    E, T = job
+    """Worker: run every configuration of (E, T) once, or the one named third (Triton compiles and caches
+    its kernels)."""
+    E, T, only = job if len(job) == 3 else (*job, None)
     try:
         ex = random_experts(E, H, I, seed=E + 3)
         if T == 0:  # the floor kernels (floor_small.py)
@@ -90,10 +93,11 @@ def _compile_job(job: tuple) -> str:
             return f"E{E} floor ok"
         x = torch.randn(T, H, device=DEV).bfloat16()
         w, ids = routings(T, E, seed=T)[0]
-        for make in makers(T, E, ex).values():
-            make(x, w, ids)()
+        for name, make in makers(T, E, ex).items():
+            if only is None or name == only:
+                make(x, w, ids)()
         torch.cuda.synchronize()
-        return f"E{E} T{T} ok"
+        return f"E{E} T{T} {only or ''} ok"
     except Exception as exc:  # noqa: BLE001 - the timing pass records it again
         return f"E{E} T{T} {exc!r}"[:300]
 
@@ -179,7 +183,9 @@ def main() -> int:
     if args.jobs:
         # E = 128 launches the same kernels as E = 32 (no constexpr depends on E): compiled once
         jobs = [(32, 0)] if args.floor else []
-        res.section("precompile", precompile, jobs + [(32, T) for T in Ts], args.jobs)
+        # one job per (T, configuration): the workers compile in parallel (one per T took ~25 s for 10 variants)
+        jobs += [(32, T, name) for T in Ts for name in makers(T, 32, None)]
+        res.section("precompile", precompile, jobs, args.jobs)
     if args.floor:
         res.section("floor", run_floor)
     res.section("sweep_E32", sweep, 32, Ts, args.out)

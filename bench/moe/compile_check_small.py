@@ -92,7 +92,8 @@ def split_configs(labels=None):
                 continue
             if t.gemv and (kern is S.gate_up_kernel or t.gemv_down):  # T = 1 on the GEMV kernels (20B, K = 2880)
                 bn = t.bn_gate_up if kern is S.gate_up_kernel else t.bn_down
-                consts = dict(BN=bn, BK=t.gemv_bk, U=t.gemv_u, EVEN_K=2880 % (t.gemv_bk * t.gemv_u) == 0)
+                consts = dict(BN=bn, BK=t.gemv_bk, U=t.gemv_u, EVEN_K=2880 % (t.gemv_bk * t.gemv_u) == 0,
+                              PIPE=t.gemv_pipe, G=t.gemv_group)
                 if kern is S.down_kernel:
                     consts.update(TOPK=4, PB=16, DOT_F32=False)
                 gk = G.gemv_gate_up_kernel if kern is S.gate_up_kernel else G.gemv_down_kernel

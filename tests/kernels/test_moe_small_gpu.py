@@ -187,7 +187,7 @@ def test_split_no_local_route_gives_zeros(T, variant):
 
 
 @pytest.mark.parametrize("T,variant", [(1, None), (2, None), (16, None), (1, "k1"), (1, "gvg_d32_r8"),
-                                       (2, "k1_d64_r")])
+                                       (2, "k1_d64_r"), (1, "gvp_d32"), (1, "gvp_gv16")])
 def test_split_deterministic_and_graph_replay_equals_eager(T, variant):
     # default tiles: T = 1 on the GEMV kernels, fused MMA tiles (leader slots, tickets in down), plan +
     # combine at T = 16; k1: the MMA kernels at T = 1; _r / _r8: scale rows and the vectorised combine
@@ -216,12 +216,12 @@ def test_split_deterministic_and_graph_replay_equals_eager(T, variant):
     assert _tickets_zero(q)
 
 
-@pytest.mark.parametrize("variant", ["gv_d16", "gvg_d32_r"])
+@pytest.mark.parametrize("variant", ["gv_d16", "gvg_d32_r", "gvp_d32", "gvp_gv16"])
 @pytest.mark.parametrize("local_routes", [0, 2])
 def test_gemv_t1_expert_parallel_slice(local_routes, variant):
     # T = 1 on the GEMV kernels with this rank owning experts 8..15: routes elsewhere are skipped (the
     # down tickets count only local routes); none local: zeros. gvg_d32_r: GEMV gate_up, MMA down
-    # with the vectorised combine
+    # with the vectorised combine; gvp: the pipelined GEMV (gvp_gv16: down too)
     from dayzero.kernels.triton_moe_small_split import VARIANTS, MoeSplit, moe_split
 
     q, d = experts("120b")

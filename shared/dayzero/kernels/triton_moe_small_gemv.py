@@ -27,12 +27,18 @@ from .triton_moe_small_split_kernels import _combine_tile, _ticket
 
 @triton.jit
 def _row_dot(w_ptrs, v_ptr, s_ptr, K, BN: tl.constexpr, BK: tl.constexpr, U: tl.constexpr,
-             EVEN_K: tl.constexpr):
+             EVEN_K: tl.constexpr, PIPE: tl.constexpr = 0, G: tl.constexpr = 0):
     """[BN] fp32 = sum over k of w[n, k] * v[k] * scale[k // 128] (w: FP8 rows at ``w_ptrs`` + k,
-    the [BN, BK] pointers of K step 0; BK divides 128)."""
+    the [BN, BK] pointers of K step 0; BK divides 128). ``PIPE`` = 0: the loads of a loop trip are
+    issued next to their use (sm_90 SASS: one DRAM round trip waited per trip, U steps in flight);
+    ``PIPE`` > 0: the loop is software-pipelined over PIPE stages (``tl.range(num_stages=...)``: the
+    compiler turns the weight, x and scale loads into cp.async copies into shared memory, PIPE - 1
+    trips in flight; none of them depends on a load in the loop). ``G`` > 0: each step first sums
+    groups of G neighbouring products (w * x, a thread's own 16-byte run at G = 16), then scales those
+    sums: acc [BN, BK / G] instead of [BN, BK] and no x * scale per element."""
     offs_k = tl.arange(0, BK)
-    acc = tl.zeros((BN, BK), dtype=tl.float32)
-    for k0 in range(0, K, BK * U):
+    acc = tl.zeros((BN, BK // G if G > 0 else BK), dtype=tl.float32)
+    for k0 in tl.range(0, K, BK * U, num_stages=PIPE if PIPE > 0 else None):
         for u in tl.static_range(U):
             k = k0 + u * BK
             if EVEN_K:
@@ -44,7 +50,12 @@ def _row_dot(w_ptrs, v_ptr, s_ptr, K, BN: tl.constexpr, BK: tl.constexpr, U: tl.
                 w = tl.load(w_ptrs + k, mask=k_ok[None, :], other=0.0)
                 v = tl.load(v_ptr + k + offs_k, mask=k_ok, other=0.0)
                 sc = tl.load(s_ptr + k // 128, mask=k < K, other=0.0)
-            acc += w.to(tl.float32) * (v.to(tl.float32) * sc)[None, :]
+            if G > 0:
+                prod = tl.reshape(w.to(tl.float32), (BN, BK // G, G)) * \
+                    tl.reshape(v.to(tl.float32), (BK // G, G))[None, :, :]
+                acc += tl.sum(prod, 2) * sc
+            else:
+                acc += w.to(tl.float32) * (v.to(tl.float32) * sc)[None, :]
     return tl.sum(acc, 1)
 
 
@@ -58,7 +69,8 @@ def _expert_of(ids_ptr, j, offset, E):
 @triton.jit
 def gemv_gate_up_kernel(x_ptr, ids_ptr, w_ptr, s_ptr, b_ptr, h_ptr, K, N, n_tiles, offset, E, stride_we, stride_wn,
                         stride_se, stride_sn, stride_be, stride_h, limit, alpha,
-                        BN: tl.constexpr, BK: tl.constexpr, U: tl.constexpr, EVEN_K: tl.constexpr):
+                        BN: tl.constexpr, BK: tl.constexpr, U: tl.constexpr, EVEN_K: tl.constexpr,
+                        PIPE: tl.constexpr = 0, G: tl.constexpr = 0):
     pid = tl.program_id(0)
     j = pid // n_tiles
     tile = pid % n_tiles
@@ -70,7 +82,7 @@ def gemv_gate_up_kernel(x_ptr, ids_ptr, w_ptr, s_ptr, b_ptr, h_ptr, K, N, n_tile
     rows_c = tl.where(rows < N, rows, 0)
     w_ptrs = w_ptr + e64 * stride_we + rows_c[:, None].to(tl.int64) * stride_wn + tl.arange(0, BK)[None, :]
     s_row = s_ptr + e64 * stride_se + ((tile * BN) // 128) * stride_sn
-    v = _row_dot(w_ptrs, x_ptr, s_row, K, BN, BK, U, EVEN_K)
+    v = _row_dot(w_ptrs, x_ptr, s_row, K, BN, BK, U, EVEN_K, PIPE, G)
     v = (v + tl.load(b_ptr + e64 * stride_be + rows_c).to(tl.float32)).to(tl.bfloat16).to(tl.float32)
     gate, up = tl.split(tl.reshape(v, (BN // 2, 2)))
     gate = tl.minimum(gate, limit)
@@ -84,7 +96,8 @@ def gemv_gate_up_kernel(x_ptr, ids_ptr, w_ptr, s_ptr, b_ptr, h_ptr, K, N, n_tile
 def gemv_down_kernel(h_ptr, ids_ptr, wt_ptr, w_ptr, s_ptr, b_ptr, y_ptr, out_ptr, ticket_ptr, K, N, n_tiles, P,
                      offset, E, stride_h, stride_we, stride_wn, stride_se, stride_sn, stride_be, stride_o,
                      TOPK: tl.constexpr, PB: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr, U: tl.constexpr,
-                     EVEN_K: tl.constexpr, DOT_F32: tl.constexpr):
+                     EVEN_K: tl.constexpr, DOT_F32: tl.constexpr, PIPE: tl.constexpr = 0,
+                     G: tl.constexpr = 0):
     pid = tl.program_id(0)
     j = pid // n_tiles
     tile = pid % n_tiles
@@ -102,7 +115,7 @@ def gemv_down_kernel(h_ptr, ids_ptr, wt_ptr, w_ptr, s_ptr, b_ptr, y_ptr, out_ptr
     rows_c = tl.where(n_ok, rows, 0)
     w_ptrs = w_ptr + e64 * stride_we + rows_c[:, None].to(tl.int64) * stride_wn + tl.arange(0, BK)[None, :]
     s_row = s_ptr + e64 * stride_se + ((tile * BN) // 128) * stride_sn
-    acc = _row_dot(w_ptrs, h_ptr + j * stride_h, s_row, K, BN, BK, U, EVEN_K)
+    acc = _row_dot(w_ptrs, h_ptr + j * stride_h, s_row, K, BN, BK, U, EVEN_K, PIPE, G)
     y = (acc + tl.load(b_ptr + e64 * stride_be + rows_c).to(tl.float32)) * tl.load(wt_ptr + j).to(tl.float32)
     tl.store(y_ptr + j * N + rows, y, mask=n_ok)
     if _ticket(ticket_ptr + tile, rows, DOT_F32) == touched - 1:

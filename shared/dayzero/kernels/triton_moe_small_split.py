@@ -60,6 +60,11 @@ class SplitTiles:
     gemv_down: bool = True       # with ``gemv``: down on the GEMV kernel too (else the MMA down of bn_down)
     gemv_bk: int = 128
     gemv_u: int = 2
+    # GEMV K loop (``triton_moe_small_gemv._row_dot``): gemv_pipe > 0 software-pipelines it over that many
+    # stages (cp.async into shared memory: gemv_pipe - 1 trips in flight instead of the U steps of one trip);
+    # gemv_group > 0 sums groups of that many products before scaling (fewer registers and instructions)
+    gemv_pipe: int = 0
+    gemv_group: int = 0
     stages_down: int = 0         # pipeline depth of the MMA down kernel (0: ``stages``)
     # MMA kernels: each program loads its K range's block scales once before the K loop (``_stream``
     # SK > 0) instead of one step ahead (a global load whose register move waits inside every step)
@@ -143,6 +148,22 @@ VARIANTS = {
     "gv64_d32_r": SplitTiles(bn_gate_up=64, bn_down=32, split_gate_up=1, split_down=1, gemv=True, row_scales=True,
                              vec_combine=True, ids_once=True),
     "bn64_r": SplitTiles(bn_gate_up=64, bn_down=64, row_scales=True, vec_combine=True, ids_once=True),
+    # candidates for run 11 (bench/NOTES.md "MoE decode run 11"): the GEMV gate_up at T = 1 waits one DRAM
+    # round trip per loop trip of U = 2 steps (25.6 us vs its 19.7 us read floor). ``gvp``: its K loop
+    # software-pipelined (gemv_pipe stages of cp.async copies, one step per trip) with in-thread groups of 16
+    # products (gemv_group: sm_90 build bn32 39 registers, 10 per SM by shared memory, 185 instructions per
+    # warp and KB; bn64 at 4 stages 64 registers, 8 per SM, 132); ``gvq``: the groups alone (no pipeline:
+    # attribution, 140 per KB); ``gvp_gv16``: the down on the pipelined GEMV too (bn16: 32 registers)
+    "gvp_d32": SplitTiles(bn_gate_up=32, bn_down=32, split_gate_up=1, split_down=1, gemv=True, gemv_down=False,
+                          gemv_u=1, gemv_pipe=6, gemv_group=16),
+    "gvp64_d32": SplitTiles(bn_gate_up=64, bn_down=32, split_gate_up=1, split_down=1, gemv=True, gemv_down=False,
+                            gemv_u=1, gemv_pipe=4, gemv_group=16),
+    "gvq_d32": SplitTiles(bn_gate_up=32, bn_down=32, split_gate_up=1, split_down=1, gemv=True, gemv_down=False,
+                          gemv_group=16),
+    "gvp_d32_r": SplitTiles(bn_gate_up=32, bn_down=32, split_gate_up=1, split_down=1, gemv=True, gemv_down=False,
+                            gemv_u=1, gemv_pipe=6, gemv_group=16, row_scales=True, vec_combine=True, ids_once=True),
+    "gvp_gv16": SplitTiles(bn_gate_up=32, bn_down=16, split_gate_up=1, split_down=1, gemv=True, gemv_u=1,
+                           gemv_pipe=6, gemv_group=16),
 }
 # the device tests run the engine on candidates before they become defaults: this environment variable
 # holds "name[@max_pairs],..." (``VARIANTS`` names); the first entry whose max_pairs >= T * k (or with
@@ -218,8 +239,9 @@ class MoeSplit:
         for bn in (t.bn_gate_up, t.bn_down):
             if bn < 16 or 128 % bn:
                 raise ValueError(f"N tile {bn} must divide 128 and be >= 16")
-        if t.gemv and (128 % t.gemv_bk or t.gemv_u < 1):
-            raise ValueError(f"gemv_bk {t.gemv_bk} must divide 128 and gemv_u {t.gemv_u} be >= 1")
+        if t.gemv and (128 % t.gemv_bk or t.gemv_u < 1 or (t.gemv_group and t.gemv_bk % t.gemv_group)):
+            raise ValueError(f"gemv_bk {t.gemv_bk} must divide 128, gemv_u {t.gemv_u} be >= 1 and gemv_group "
+                             f"{t.gemv_group} divide gemv_bk")
         if t.bm < 16:
             raise ValueError(f"bm must be >= 16, got {t.bm}")
         self.T, self.H, self.I, self.E, self.k = T, H, I, E, ids.shape[1]
@@ -260,7 +282,8 @@ class MoeSplit:
 
     def _gemv_args(self, K: int) -> dict:
         t = self.tiles
-        return dict(BK=t.gemv_bk, U=t.gemv_u, EVEN_K=K % (t.gemv_bk * t.gemv_u) == 0)
+        return dict(BK=t.gemv_bk, U=t.gemv_u, EVEN_K=K % (t.gemv_bk * t.gemv_u) == 0, PIPE=t.gemv_pipe,
+                    G=t.gemv_group)
 
     def gate_up(self) -> None:
         ex, t = self.ex, self.tiles
