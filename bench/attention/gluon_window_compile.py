@@ -46,17 +46,20 @@ def check_packed(name: str, window: int = 128) -> dict:
     sig = {n: "i32" for n in kern.arg_names}
     dw = 16 * cfg.ups
     sig.update(qd=desc(16), kd=desc(128), kdd=desc(dw), vd=desc(128), vdd=desc(dw), cu_ptr="*i32", sink_ptr="*fp32",
-               o_ptr="*bf16", qk_scale="fp32")
+               o_ptr="*bf16", qk_scale="fp32", q_ptr="*bf16", k_ptr="*bf16", v_ptr="*bf16")
     consts = dict(GROUP=8, S=cfg.stages, CONSUMER_REGS=cfg.consumer_regs, PRODUCER_REGS=cfg.producer_regs,
-                  num_warps=4, NC=cfg.nc, SERIAL=cfg.serial, UPS=cfg.ups)
+                  num_warps=4, NC=cfg.nc, SERIAL=cfg.serial, UPS=cfg.ups,
+                  DIRECT=cfg.direct_store, PF=cfg.prefetch)
     sig.update({k: "constexpr" for k in consts})
     attrs = {(i, ): [["tt.divisibility", 16]] for i, n in enumerate(kern.arg_names)
-             if n in ("cu_ptr", "sink_ptr", "o_ptr", "stride_ot", "stride_oh")}
+             if n in ("cu_ptr", "sink_ptr", "o_ptr", "stride_ot", "stride_oh", "q_ptr", "k_ptr", "v_ptr", "stride_qt",
+                      "stride_kt", "stride_vt")}
     b = build_sm90(GluonASTSource(kern, sig, consts, attrs), 4, maxnreg=cfg.maxnreg)
     setmax = sorted(set(int(v) for v in re.findall(r"setmaxnreg\.\w+\.sync\.aligned\.u32\s+(\d+)", b.ptx)))
     threads = 128 * (cfg.nc + 1)
     by_regs = 65536 // (threads * -(-b.regs // 8) * 8)
     return dict(config=name, window=window, stages=cfg.stages, nc=cfg.nc, serial=cfg.serial, ups=cfg.ups,
+                prefetch=cfg.prefetch, bulk_prefetch=b.sass.count("UBLKPF"),
                 regs_launch=b.regs, setmaxnreg=setmax, consumer_regs=cfg.consumer_regs,
                 smem_kb=round((b.smem - 1024) / 1024, 1), ctas_per_sm=min(by_regs, 227 * 1024 // b.smem),
                 spill_ldl_stl=b.spills, hgmma=b.sass.count("HGMMA"),

@@ -32,7 +32,36 @@ for c in ${cfgs//,/ }; do
   ( DAYZERO_GLUON_WINDOW_CFGS=$c timeout -k 5 "${GLUON_WINDOW_TEST_S:-70}" "${pt[@]}" \
       -k "ragged or narrow or long or matches_emulation" > "$parts/test-$c.log" 2>&1; echo $? > "$parts/rc-$c" ) &
 done
+# GLUON_WINDOW_REG_CFGS=a,b (candidates for the registered op's default, DAYZERO_WINDOW_GLUON): the registered
+# op's window suites beside them: the dispatch tests under each candidate, test_attention_gpu.py's Gluon-path case
+# (window-128 ragged prefill) under each, and under the shipped default test_attention_gpu.py -k window and
+# test_attention_prefill_gpu.py whole (GLUON_WINDOW_REG_S, default 90 s each)
+reg="${GLUON_WINDOW_REG_CFGS:-}"
+regs=()
+if [ -n "$reg" ]; then
+  rt=(timeout -k 5 "${GLUON_WINDOW_REG_S:-90}" python3 -m pytest -q -p no:cacheprovider --noconftest -o addopts=""
+      --durations=3)
+  ( DAYZERO_WINDOW_REG_CFGS=$reg "${rt[@]}" tests/kernels/test_attention_gluon_window_gpu.py \
+      -k registered_window > "$parts/test-reg-dispatch.log" 2>&1; echo $? > "$parts/rc-reg-dispatch" ) &
+  regs+=(reg-dispatch)
+  for c in ${reg//,/ }; do
+    ( DAYZERO_WINDOW_GLUON=$c "${rt[@]}" tests/kernels/test_attention_gpu.py -k "prefill_ragged and 128" \
+        > "$parts/test-reg-op-$c.log" 2>&1; echo $? > "$parts/rc-reg-op-$c" ) &
+    regs+=("reg-op-$c")
+  done
+  ( "${rt[@]}" tests/kernels/test_attention_gpu.py -k window > "$parts/test-reg-window.log" 2>&1
+    echo $? > "$parts/rc-reg-window" ) &
+  ( "${rt[@]}" tests/kernels/test_attention_prefill_gpu.py > "$parts/test-reg-prefill.log" 2>&1
+    echo $? > "$parts/rc-reg-prefill" ) &
+  regs+=(reg-window reg-prefill)
+fi
 wait
+for r in "${regs[@]}"; do
+  echo "=== $r: tests" | tee -a "$log"
+  tail -n 6 "$parts/test-$r.log" | tee -a "$log"
+  echo "=== $r: tests rc=$(cat "$parts/rc-$r")" | tee -a "$log"
+  [ "$(cat "$parts/rc-$r")" = 0 ] || rc=1
+done
 echo "=== configuration-free tests" | tee -a "$log"
 tail -n 8 "$parts/test-common.log" | tee -a "$log"
 echo "=== configuration-free tests rc=$(cat "$parts/rc-common")" | tee -a "$log"

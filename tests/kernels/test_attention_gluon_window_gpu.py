@@ -196,7 +196,8 @@ def _run(case, cfg_name: str) -> list[float]:
     return check_output(res, out, ref, case.cu_seqlens_q, TOL)
 
 
-ALL_CFGS = ["g4", "pk3", "pk3s", "pk2s", "pk3s_u2"]   # = gluon_attention_window.RUN_CONFIGS (checked below)
+# = gluon_attention_window.RUN_CONFIGS (checked below)
+ALL_CFGS = ["g4", "pk3s", "pk3s_d", "pk3s4", "pk2s4", "pk34", "pk3sp", "pk3s4p"]
 # DAYZERO_GLUON_WINDOW_CFGS=a,b: only these (gluon_window_run.sh tests one configuration per process)
 CFGS = [c for c in os.environ.get("DAYZERO_GLUON_WINDOW_CFGS", "").split(",") if c] or ALL_CFGS
 
@@ -278,3 +279,79 @@ def test_gpu_window_unsupported_calls_raise():
     g4 = make_case([100], [0], hq=16, hkv=4, window=128, device="cuda")       # version 2 needs a group of 8
     with pytest.raises(ValueError, match="group of 8"):
         G.window_attention(*g4.args(), 100, torch.empty_like(g4.q), config=G.CONFIGS["pk3"])
+
+
+# ---------------------------------------------------------------- the registered op's window path ----
+
+# DAYZERO_WINDOW_REG_CFGS=a,b: the configurations the registered-op tests run under DAYZERO_WINDOW_GLUON (default:
+# the shipped one); gluon_window_run.sh runs the candidates, so a default that moves had these tests pass too
+REG_CFGS = [c for c in os.environ.get("DAYZERO_WINDOW_REG_CFGS", "").split(",") if c] or ["default"]
+
+
+def _reg_name(cfg: str) -> str:
+    from dayzero.kernels.triton_attention_prefill import WINDOW_GLUON_DEFAULT
+    return WINDOW_GLUON_DEFAULT if cfg == "default" else cfg
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not CUDA, reason="needs a CUDA GPU")
+@pytest.mark.parametrize("cfg", REG_CFGS)
+def test_gpu_registered_window_dispatch(cfg, monkeypatch):
+    """DAYZERO_WINDOW_GLUON=cfg: the registered op (``triton_attention.attention``) runs the Gluon window kernel for
+    window-128 prefill without a cached prefix (``max_seqlen_k`` 0, or not given: checked on the host) and the
+    Triton kernels for a prefix, another window, max_seqlen_k > 0, a caller's config or another GQA group; every
+    output matches the reference."""
+    G = _gluon()
+    from dayzero.kernels.triton_attention import attention
+    from dayzero.kernels.triton_attention_prefill import WINDOW_GLUON_ENV, gluon_window_choice
+
+    name = _reg_name(cfg)
+    assert name in G.CONFIGS
+    monkeypatch.setenv(WINDOW_GLUON_ENV, name)
+    plain = make_case([300, 129, 1, 17], [0, 0, 0, 0], window=128, sinks="mixed", seed=51, device="cuda")
+    prefixed = make_case([300, 129], [0, 77], window=128, sinks="mixed", seed=52, device="cuda")
+    narrow = make_case([300, 129], [0, 0], window=100, sinks="mixed", seed=53, device="cuda")
+    full = make_case([300, 129], [0, 0], window=0, sinks="mixed", seed=54, device="cuda")
+    group4 = make_case([300, 129], [0, 0], hq=16, hkv=4, window=128, sinks="mixed", seed=55, device="cuda")
+    cases = [(plain, None, name), (plain, 0, name), (plain, 5, None), (prefixed, None, None), (prefixed, 77, None),
+             (narrow, 0, None)]
+    if isinstance(G.CONFIGS[name], G.GluonWindowPackedConfig):
+        cases.append((group4, 0, None))                  # version 2 needs a GQA group of 8
+    for case, max_k, want in cases:
+        out = torch.full_like(case.q, float("nan"))
+        got = gluon_window_choice(case.q, case.k, case.v, out, case.window, None, case.cached_lens, max_k)
+        assert got == want, (case.window, max_k, got)
+        ref = ref_ops.attention(*case.args())
+        res = attention(*case.args(), max_seqlen_q=300, max_seqlen_k=max_k, out=out)
+        torch.cuda.synchronize()
+        check_output(res, out, ref, case.cu_seqlens_q, TOL)
+    assert gluon_window_choice(plain.q, plain.k, plain.v, plain.q, 128, dict(KERNEL="window"), plain.cached_lens,
+                               0) is None
+    assert gluon_window_choice(full.q, full.k, full.v, full.q, 0, None, full.cached_lens, 0) is None
+    monkeypatch.setenv(WINDOW_GLUON_ENV, "no_such_config")
+    with pytest.raises(ValueError, match="not a Gluon window configuration"):
+        attention(*plain.args(), max_seqlen_q=300, max_seqlen_k=0)
+    monkeypatch.setenv(WINDOW_GLUON_ENV, "0")
+    assert gluon_window_choice(plain.q, plain.k, plain.v, plain.q, 128, None, plain.cached_lens, 0) is None
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not CUDA, reason="needs a CUDA GPU")
+def test_gpu_registered_window_default(monkeypatch):
+    """Without the variable the op takes ``WINDOW_GLUON_DEFAULT`` (a configuration of CONFIGS) on a Hopper GPU for a
+    long window-128 prefill (8k tokens in 3 sequences) and matches the reference."""
+    G = _gluon()
+    from dayzero.kernels.triton_attention import attention
+    from dayzero.kernels.triton_attention_prefill import WINDOW_GLUON_DEFAULT, WINDOW_GLUON_ENV, gluon_window_choice
+
+    monkeypatch.delenv(WINDOW_GLUON_ENV, raising=False)
+    assert WINDOW_GLUON_DEFAULT in G.CONFIGS
+    c = make_case([4096 + 33, 3000, 1067], [0, 0, 0], window=128, sinks="normal", seed=57, device="cuda")
+    hopper = torch.cuda.get_device_capability() == (9, 0)
+    assert gluon_window_choice(c.q, c.k, c.v, c.q, 128, None, c.cached_lens, 0) == (
+        WINDOW_GLUON_DEFAULT if hopper else None)
+    ref = ref_ops.attention(*c.args())
+    out = torch.full_like(c.q, float("nan"))
+    res = attention(*c.args(), max_seqlen_q=4096 + 33, max_seqlen_k=0, out=out)
+    torch.cuda.synchronize()
+    check_output(res, out, ref, c.cu_seqlens_q, TOL)

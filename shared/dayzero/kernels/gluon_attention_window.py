@@ -1,9 +1,10 @@
-"""Sliding-window (w <= 128) causal prefill attention with sinks in Gluon (Hopper, sm_90). Opt-in, not wired.
+"""Sliding-window (w <= 128) causal prefill attention with sinks in Gluon (Hopper, sm_90).
 
 First run on an H200 at the end of session 5 (bench/NOTES.md "Gluon window (session 5)": correct in every
 configuration, g4 best, 2.5x the byte floor); the ``pk*`` configurations run version 2
-(``gluon_attention_window_packed``, CPU-built only). ``bench/attention/gluon_window_run.sh`` tests and times
-them in one device call. Supported case:
+(``gluon_attention_window_packed``; first GPU run in session 6: correct, pk3s 1.76x the floor at 8k). The
+registered op runs a ``pk*`` configuration for window-128 prefill (``triton_attention_prefill.gluon_window_choice``).
+``bench/attention/gluon_window_run.sh`` tests and times them in one device call. Supported case:
 window 1..128 (the gpt-oss sliding layers: 128, query - key < 128), head dim 64, bf16 q/k/v/out, any GQA
 group, NO cached prefix (the keys are the new k/v of the call, read by TMA from the [T, H, D] tensors).
 ``window_attention`` checks this and raises ValueError otherwise.
@@ -96,12 +97,25 @@ CONFIGS = {"w2": GluonWindowConfig(),                                           
            # a slot, so 2 slots
            "pk3s_u2": GluonWindowPackedConfig(nc=3, serial=True, ups=2, stages=2, consumer_regs=160, producer_regs=24,
                                               maxnreg=128),
-           "pk2_u2": GluonWindowPackedConfig(ups=2, stages=2)}
+           "pk2_u2": GluonWindowPackedConfig(ups=2, stages=2),
+           # session 6: O stored from the wgmma layout (no conversion scratch), so a 4th ring slot fits (the first
+           # GPU run pointed at too few bytes in flight: pk3 / pk3s / pk2s within 3 %, whatever the consumers)
+           "pk3s_d": GluonWindowPackedConfig(nc=3, serial=True, consumer_regs=160, producer_regs=24, maxnreg=128,
+                                             direct_store=True),
+           "pk3s4": GluonWindowPackedConfig(nc=3, serial=True, consumer_regs=160, producer_regs=24, maxnreg=128,
+                                            direct_store=True, stages=4),
+           "pk2s4": GluonWindowPackedConfig(serial=True, direct_store=True, stages=4),
+           "pk34": GluonWindowPackedConfig(direct_store=True, stages=4),
+           # and the producer prefetching Q / K / V rows 4 slots ahead into L2 (cp.async.bulk.prefetch: no smem)
+           "pk3s4p": GluonWindowPackedConfig(nc=3, serial=True, consumer_regs=160, producer_regs=32, maxnreg=128,
+                                             direct_store=True, stages=4, prefetch=4),
+           "pk3sp": GluonWindowPackedConfig(nc=3, serial=True, consumer_regs=160, producer_regs=32, maxnreg=128,
+                                            direct_store=True, prefetch=4)}
 DEFAULT = CONFIGS["w2"]
-# what gluon_window_run.sh tests and times by default: session 5's best (g4) beside version 2 (never run on a
-# GPU yet; pk2 / pk2_u2 on request); w2 / g2 / g8 / w3 ran in session 5 (bench/NOTES.md), w2_prod spills,
-# w2_1cta is a diagnostic
-RUN_CONFIGS = ("g4", "pk3", "pk3s", "pk2s", "pk3s_u2")
+# what gluon_window_run.sh tests and times by default: version 1's best (g4) beside version 2's (pk3s: the
+# registered op's default since session 6) and session 6's variants of it; pk3 / pk2s / pk3s_u2 ran in session 6's
+# first call (bench/NOTES.md), w2 / g2 / g8 / w3 in session 5, w2_prod spills, w2_1cta is a diagnostic
+RUN_CONFIGS = ("g4", "pk3s", "pk3s_d", "pk3s4", "pk2s4", "pk34", "pk3sp", "pk3s4p")
 
 
 @gluon.jit
@@ -363,4 +377,5 @@ def window_attention(q, k, v, k_cache, v_cache, block_tables, cu_seqlens_q, cach
     return out
 
 
-__all__ = ["CONFIGS", "DEFAULT", "RUN_CONFIGS", "GluonWindowConfig", "window_attention", "window_kernel"]
+__all__ = ["CONFIGS", "DEFAULT", "RUN_CONFIGS", "GluonWindowConfig", "GluonWindowPackedConfig", "window_attention",
+           "window_kernel"]

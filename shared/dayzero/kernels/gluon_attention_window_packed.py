@@ -1,7 +1,8 @@
 """Sliding-window prefill, version 2 (Gluon, sm_90): GQA-packed rows, a persistent walk along the sequence
-with a TMA producer warp. Opt-in, not wired; written and built for sm_90 on the CPU only (session 5), never
-run on a GPU yet (bench/NOTES.md "Gluon window version 2"). ``gluon_attention_window.window_attention`` runs
-it for the ``pk*`` configurations; same supported case as version 1 (window 1..128, head dim 64, bf16, no
+with a TMA producer warp. Written on the CPU in session 5, first run on an H200 in session 6 (correct in every
+configuration; bench/NOTES.md "Gluon window on the GPU (session 6)"); the registered op's window-128 prefill
+path (``triton_attention_prefill.gluon_window_choice``). ``gluon_attention_window.window_attention`` runs it
+for the ``pk*`` configurations; same supported case as version 1 (window 1..128, head dim 64, bf16, no
 cached prefix) and, here, a GQA group of 8 (two quads of 4 heads).
 
 Why (NOTES): version 1 scores 3 tiles of 64 keys for 128 visible (1.5x waste in tensor core and exp work),
@@ -30,8 +31,11 @@ Layout (``gluon_attention_window_schedule.emulate_window_packed`` runs the same 
   * a slot is released (2 ups arrivals: its items) once each item's PV is done; keys before the sequence start
     (TMA zero fill below row 0, or the previous sequence) and after each row's token are masked: row r sees
     column c iff max(rt + 129 - w, 128 - t0) <= c <= rt + 128, rt = r % 16; rows past the sequence's end
-    read the next sequence (or TMA zero fill) and are never stored.
-Reused from the prefill kernel: ``_to_a``, ``_desc``, ``WM``, ``HD``. Importing this module imports triton's
+    read the next sequence (or TMA zero fill) and are never stored;
+  * session 6 options: ``direct_store`` (O / l stored from the wgmma layout: no 8 KB a warpgroup of
+    layout-conversion scratch, so a 4th 52 KB slot fits), ``prefetch`` (the producer also issues an L2
+    prefetch of slot v + prefetch's Q / K / V rows: the DRAM stream in flight without shared memory).
+Reused from the prefill kernel: ``_to_a``, ``WM``, ``HD``. Importing this module imports triton's
 Gluon.
 """
 
@@ -44,13 +48,25 @@ from triton.experimental import gluon
 from triton.experimental.gluon import language as gl
 from triton.experimental.gluon.language.nvidia.hopper import (fence_async_shared, mbarrier, tma, warpgroup_mma,
                                                               warpgroup_mma_wait)
+from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
 
-from .gluon_attention_prefill import HD, WM, _desc, _to_a
+from .gluon_attention_prefill import HD, WM, _to_a
 from .gluon_attention_schedule import LOG2E
 from .gluon_attention_window_schedule import PK_HEADS, PK_TOK, packed_chunk
 
 TPU = gl.constexpr(PK_TOK)    # tokens per unit (16)
 HPW = gl.constexpr(PK_HEADS)  # heads per unit / warpgroup (4)
+
+
+# the TMA boxes' shared layouts ([rows, 64] bf16, 128-byte swizzle), computed once: building them per call
+# cost ~14 us of host time each (5 descriptors a call; session 6's first run: 88 us eager vs 63 us graph at 8k)
+_BOX_LAYOUTS = {rows: gl.NVMMASharedLayout.get_default_for([rows, 64], gl.bfloat16) for rows in (16, 32, 128)}
+
+
+def _box_desc(t: torch.Tensor, rows: int) -> TensorDescriptor:
+    """[T, H, 64] (rows 16-byte aligned) -> 2D descriptor over [T, H * 64] with [rows, 64] boxes."""
+    T, H, D = t.shape
+    return TensorDescriptor(t, [T, H * D], [t.stride(0), 1], [rows, D], _BOX_LAYOUTS[rows])
 
 
 @dataclass(frozen=True)
@@ -66,19 +82,55 @@ class GluonWindowPackedConfig:
     nc: int = 2               # consumer warpgroups: 2 (warpgroup g on heads 4 g ..) or 3 (items round-robin)
     serial: bool = False      # True: no PV in flight across items inside a warpgroup (``_pk_consumer_serial``)
     ups: int = 1              # units a ring slot: 1 (144 keys a row) or 2 (160 keys a row, half the K/V bytes)
+    direct_store: bool = False  # O stored from the wgmma layout: no 8 KB a warpgroup of conversion scratch
+    prefetch: int = 0         # > 0: the producer prefetches slot v + prefetch's Q / K / V rows into L2 (no smem)
 
     nwg = 2                   # head quads a unit (GQA group 8 = 2 x 4 heads)
 
 
 @gluon.jit
-def _pk_producer(p, NWG: gl.constexpr, S: gl.constexpr, UPS: gl.constexpr):
+def _pk_prefetch(pf, row0, row_end, h0, hkv, GROUP: gl.constexpr, UPS: gl.constexpr):
+    """L2 prefetch (``cp.async.bulk.prefetch.L2``: no shared memory, no barrier) of the rows row0 .. row0 + 16 UPS
+    - 1 of a later ring slot: per token its GROUP query heads (GROUP x 128 bytes, contiguous; lanes 0-15) and its
+    K and V rows of the KV head (128 bytes each; lanes 16-31). Rows at or past row_end (the sequence's end) are
+    skipped. The slot's TMA loads then read Q (the DRAM stream: 134 of 151 MB at 8k) from L2."""
+    q_ptr, k_ptr, v_ptr, stride_qt, stride_kt, stride_vt = pf
+    lay: gl.constexpr = gl.BlockedLayout([1], [32], [1], [0])
+    lane = gl.arange(0, 32, lay)
+    is_q = lane < 16
+    for j in gl.static_range(UPS):
+        tok = row0 + j * TPU + lane % 16
+        ok = (tok < row_end).to(gl.int32)
+        t64 = tok.to(gl.int64)
+        a1 = gl.where(is_q, (q_ptr + t64 * stride_qt + h0 * HD).to(gl.int64, bitcast=True),
+                      (k_ptr + t64 * stride_kt + hkv * HD).to(gl.int64, bitcast=True))
+        n1 = gl.where(is_q, GROUP * HD * 2, HD * 2)
+        a2 = (v_ptr + t64 * stride_vt + hkv * HD).to(gl.int64, bitcast=True)
+        ok2 = ok * (1 - is_q.to(gl.int32))
+        gl.inline_asm_elementwise(
+            "{ .reg .pred p; setp.ne.b32 p, $1, 0; @p cp.async.bulk.prefetch.L2.global [$2], $3; "
+            "setp.ne.b32 p, $4, 0; @p cp.async.bulk.prefetch.L2.global [$5], 128; mov.b32 $0, 0; }",
+            "=r,r,l,r,r,l", [ok, a1, n1, ok2, a2], dtype=gl.int32, is_pure=False, pack=1)
+
+
+@gluon.jit
+def _pk_producer(p, NWG: gl.constexpr, S: gl.constexpr, UPS: gl.constexpr, PF: gl.constexpr, pf,
+                 GROUP: gl.constexpr):
     """1 warp: per ring slot of the walk (UPS units, tokens t0 .. t0 + 16 UPS), into slot v % S: K and V rows
     [t0 - 128, t0) and [t0, t0 + 16 UPS) of the KV head (below row 0: TMA zero fill; masked anyway), then each
-    unit's Q quads (one [16, 64] box a head)."""
+    unit's Q quads (one [16, 64] box a head). PF > 0: first an L2 prefetch of slot v + PF's rows
+    (``_pk_prefetch``; the first PF slots' rows at the start)."""
     (qd, kd, kdd, vd, vdd, q_smem, km, kdg, vm, vdg, ready, empty, o_ptr, sink_ptr, stride_ot, stride_oh, qk_scale,
      window, q_start, q_len, tok0, n_units, h0, hkv) = p
-    for v in range(gl.cdiv(n_units, UPS)):
+    n_slots = gl.cdiv(n_units, UPS)
+    if PF > 0:
+        for v in range(S, gl.minimum(PF, n_slots)):
+            _pk_prefetch(pf, q_start + tok0 + v * (UPS * TPU), q_start + q_len, h0, hkv, GROUP, UPS)
+    for v in range(n_slots):
         s = v % S
+        if PF > 0:
+            if v + PF < n_slots:
+                _pk_prefetch(pf, q_start + tok0 + (v + PF) * (UPS * TPU), q_start + q_len, h0, hkv, GROUP, UPS)
         mbarrier.wait(empty.index(s), ((v // S) & 1) ^ 1)               # the first pass finds every slot free
         mbarrier.expect(ready.index(s), (2 * (128 + UPS * TPU) + UPS * NWG * WM) * HD * 2)
         t0 = q_start + tok0 + v * (UPS * TPU)
@@ -94,12 +146,18 @@ def _pk_producer(p, NWG: gl.constexpr, S: gl.constexpr, UPS: gl.constexpr):
 
 
 @gluon.jit
-def _pk_store(o, l_i, o_ptr, q_start, q_len, t0, hbase, stride_ot, stride_oh):
+def _pk_store(o, l_i, o_ptr, q_start, q_len, t0, hbase, stride_ot, stride_oh, DIRECT: gl.constexpr = False):
     """O / l [WM, HD] of an item: row r -> token t0 + r % 16, head hbase + r // 16; rows past the sequence's end
-    (and the dummy item, t0 < 0) not stored."""
+    (and the dummy item, t0 < 0) not stored. DIRECT: stored from the wgmma accumulator layout (4-byte stores,
+    no shared-memory round trip: the ring gets the 8 KB a warpgroup the layout conversion needs); else
+    converted to 16-byte rows first."""
     inv = gl.convert_layout(1.0 / l_i, gl.SliceLayout(1, o.type.layout))
-    st: gl.constexpr = gl.BlockedLayout([1, 8], [4, 8], [4, 1], [1, 0])    # 16-byte stores, 8 threads a row
-    out = gl.convert_layout((o * gl.expand_dims(inv, 1)).to(o_ptr.dtype.element_ty), st)
+    if DIRECT:
+        st: gl.constexpr = o.type.layout
+        out = (o * gl.expand_dims(inv, 1)).to(o_ptr.dtype.element_ty)
+    else:
+        st: gl.constexpr = gl.BlockedLayout([1, 8], [4, 8], [4, 1], [1, 0])    # 16-byte stores, 8 threads a row
+        out = gl.convert_layout((o * gl.expand_dims(inv, 1)).to(o_ptr.dtype.element_ty), st)
     r = gl.arange(0, WM, gl.SliceLayout(1, st))
     tok = t0 + r % TPU
     head = hbase + r // TPU
@@ -147,7 +205,7 @@ def _pk_softmax(sa, sd, half, toff, t0s, qk_scale, sink0, sink1, lo_w, rtd, lwd,
 
 
 @gluon.jit
-def _pk_consumer(p, WG: gl.constexpr, NC: gl.constexpr, S: gl.constexpr, UPS: gl.constexpr):
+def _pk_consumer(p, WG: gl.constexpr, NC: gl.constexpr, S: gl.constexpr, UPS: gl.constexpr, DIRECT: gl.constexpr):
     """4 warps: items WG, WG + NC, ... of the CTA's walk (item i: slot i // (2 UPS), its unit (i // 2) % UPS,
     heads 4 (i % 2) .. + 3 of the KV head; with NC = 2 warpgroup g keeps heads 4 g ..). A slot's keys are two
     wgmma tiles (tensor and slice shapes are powers of 2): columns 0 .. 127 (keys t0 - 128 .. t0 - 1: masked
@@ -189,7 +247,7 @@ def _pk_consumer(p, WG: gl.constexpr, NC: gl.constexpr, S: gl.constexpr, UPS: gl
         if i != WG:                                                          # the previous item is done
             fence_async_shared()
             mbarrier.arrive(empty.index(sp))
-        _pk_store(o, l_prev, o_ptr, q_start, q_len, t_prev, h_prev, stride_ot, stride_oh)
+        _pk_store(o, l_prev, o_ptr, q_start, q_len, t_prev, h_prev, stride_ot, stride_oh, DIRECT)
         pa = _to_a(pra, o_l)
         pd = _to_a(prd, o_l)
         l_prev = l_i
@@ -201,11 +259,12 @@ def _pk_consumer(p, WG: gl.constexpr, NC: gl.constexpr, S: gl.constexpr, UPS: gl
         o = warpgroup_mma(pa, vm.index(sp), gl.zeros([WM, HD], gl.float32, o_l), use_acc=False, is_async=True)
         o = warpgroup_mma(pd, vdg.index(sp), o, is_async=True)
         o = warpgroup_mma_wait(0, deps=(o, ))
-        _pk_store(o, l_prev, o_ptr, q_start, q_len, t_prev, h_prev, stride_ot, stride_oh)
+        _pk_store(o, l_prev, o_ptr, q_start, q_len, t_prev, h_prev, stride_ot, stride_oh, DIRECT)
 
 
 @gluon.jit
-def _pk_consumer_serial(p, WG: gl.constexpr, NC: gl.constexpr, S: gl.constexpr, UPS: gl.constexpr):
+def _pk_consumer_serial(p, WG: gl.constexpr, NC: gl.constexpr, S: gl.constexpr, UPS: gl.constexpr,
+                        DIRECT: gl.constexpr):
     """``_pk_consumer`` without the cross-item overlap inside a warpgroup (S, softmax, PV, store in turn: no P
     or O in flight while S is live, so 3 warpgroups fit 160 registers); the tensor core and the exps overlap
     across the warpgroups only. Each item's slot arrival right after its PV."""
@@ -236,38 +295,42 @@ def _pk_consumer_serial(p, WG: gl.constexpr, NC: gl.constexpr, S: gl.constexpr, 
         o = warpgroup_mma_wait(0, deps=(o, ))
         fence_async_shared()
         mbarrier.arrive(empty.index(s))
-        _pk_store(o, l_i, o_ptr, q_start, q_len, t0s + j * TPU, h0 + half * HPW, stride_ot, stride_oh)
+        _pk_store(o, l_i, o_ptr, q_start, q_len, t0s + j * TPU, h0 + half * HPW, stride_ot, stride_oh, DIRECT)
 
 
 @gluon.jit
 def _pk_consumer_any(p, WG: gl.constexpr, NC: gl.constexpr, S: gl.constexpr, SERIAL: gl.constexpr,
-                     UPS: gl.constexpr):
+                     UPS: gl.constexpr, DIRECT: gl.constexpr):
     if SERIAL:
-        _pk_consumer_serial(p, WG, NC, S, UPS)
+        _pk_consumer_serial(p, WG, NC, S, UPS, DIRECT)
     else:
-        _pk_consumer(p, WG, NC, S, UPS)
+        _pk_consumer(p, WG, NC, S, UPS, DIRECT)
 
 
 @gluon.jit
-def _pk_consumer0(p, NC: gl.constexpr, S: gl.constexpr, SERIAL: gl.constexpr, UPS: gl.constexpr):
-    _pk_consumer_any(p, 0, NC, S, SERIAL, UPS)
+def _pk_consumer0(p, NC: gl.constexpr, S: gl.constexpr, SERIAL: gl.constexpr, UPS: gl.constexpr,
+                  DIRECT: gl.constexpr):
+    _pk_consumer_any(p, 0, NC, S, SERIAL, UPS, DIRECT)
 
 
 @gluon.jit
-def _pk_consumer1(p, NC: gl.constexpr, S: gl.constexpr, SERIAL: gl.constexpr, UPS: gl.constexpr):
-    _pk_consumer_any(p, 1, NC, S, SERIAL, UPS)
+def _pk_consumer1(p, NC: gl.constexpr, S: gl.constexpr, SERIAL: gl.constexpr, UPS: gl.constexpr,
+                  DIRECT: gl.constexpr):
+    _pk_consumer_any(p, 1, NC, S, SERIAL, UPS, DIRECT)
 
 
 @gluon.jit
-def _pk_consumer2(p, NC: gl.constexpr, S: gl.constexpr, SERIAL: gl.constexpr, UPS: gl.constexpr):
-    _pk_consumer_any(p, 2, NC, S, SERIAL, UPS)
+def _pk_consumer2(p, NC: gl.constexpr, S: gl.constexpr, SERIAL: gl.constexpr, UPS: gl.constexpr,
+                  DIRECT: gl.constexpr):
+    _pk_consumer_any(p, 2, NC, S, SERIAL, UPS, DIRECT)
 
 
 @gluon.jit
 def window_packed_kernel(qd, kd, kdd, vd, vdd, cu_ptr, sink_ptr, o_ptr, stride_ot, stride_oh, qk_scale, window,
-                         units_per_cta, GROUP: gl.constexpr, S: gl.constexpr, CONSUMER_REGS: gl.constexpr,
-                         PRODUCER_REGS: gl.constexpr, num_warps: gl.constexpr, NC: gl.constexpr = 2,
-                         SERIAL: gl.constexpr = False, UPS: gl.constexpr = 1):
+                         units_per_cta, q_ptr, k_ptr, v_ptr, stride_qt, stride_kt, stride_vt, GROUP: gl.constexpr,
+                         S: gl.constexpr, CONSUMER_REGS: gl.constexpr, PRODUCER_REGS: gl.constexpr,
+                         num_warps: gl.constexpr, NC: gl.constexpr = 2, SERIAL: gl.constexpr = False,
+                         UPS: gl.constexpr = 1, DIRECT: gl.constexpr = False, PF: gl.constexpr = 0):
     """Grid (KV heads, chunks of ``units_per_cta`` units of 16 tokens (a multiple of UPS), sequences)."""
     NWG: gl.constexpr = GROUP // HPW     # head quads a unit (2)
     hkv = gl.program_id(0)
@@ -291,12 +354,17 @@ def window_packed_kernel(qd, kd, kdd, vd, vdd, cu_ptr, sink_ptr, o_ptr, stride_o
     fence_async_shared()
     p = (qd, kd, kdd, vd, vdd, q_smem, km, kdg, vm, vdg, ready, empty, o_ptr, sink_ptr, stride_ot, stride_oh,
          qk_scale, window, q_start, q_len, u0 * TPU, n_units, hkv * GROUP, hkv)
+    pf = (q_ptr, k_ptr, v_ptr, stride_qt, stride_kt, stride_vt)
+    # (constexprs written out in each tuple: a shared tuple of them would turn them into tensors)
     if NC == 2:
-        gl.warp_specialize([(_pk_consumer0, (p, NC, S, SERIAL, UPS)), (_pk_consumer1, (p, NC, S, SERIAL, UPS)),
-                            (_pk_producer, (p, NWG, S, UPS))], [4, 1], [CONSUMER_REGS, PRODUCER_REGS])
+        gl.warp_specialize([(_pk_consumer0, (p, NC, S, SERIAL, UPS, DIRECT)),
+                            (_pk_consumer1, (p, NC, S, SERIAL, UPS, DIRECT)),
+                            (_pk_producer, (p, NWG, S, UPS, PF, pf, GROUP))], [4, 1], [CONSUMER_REGS, PRODUCER_REGS])
     else:
-        gl.warp_specialize([(_pk_consumer0, (p, NC, S, SERIAL, UPS)), (_pk_consumer1, (p, NC, S, SERIAL, UPS)),
-                            (_pk_consumer2, (p, NC, S, SERIAL, UPS)), (_pk_producer, (p, NWG, S, UPS))], [4, 4, 1],
+        gl.warp_specialize([(_pk_consumer0, (p, NC, S, SERIAL, UPS, DIRECT)),
+                            (_pk_consumer1, (p, NC, S, SERIAL, UPS, DIRECT)),
+                            (_pk_consumer2, (p, NC, S, SERIAL, UPS, DIRECT)),
+                            (_pk_producer, (p, NWG, S, UPS, PF, pf, GROUP))], [4, 4, 1],
                            [CONSUMER_REGS, CONSUMER_REGS, PRODUCER_REGS])
 
 
@@ -305,20 +373,22 @@ def window_packed_attention(q, k, v, cu_seqlens_q, sinks, scale: float, window: 
     """Launch version 2 (checks done by ``gluon_attention_window.window_attention``); returns ``out``."""
     T, Hq, D = q.shape
     hkv = k.shape[1]
-    if Hq // hkv != HPW * cfg.nwg:
-        raise ValueError(f"the packed Gluon window kernel needs a GQA group of {HPW * cfg.nwg} query heads per "
-                         f"KV head (2 warpgroups x 4); got {Hq // hkv}")
+    group = PK_HEADS * cfg.nwg   # (plain ints: HPW is a constexpr and prints as one)
+    if Hq // hkv != group:
+        raise ValueError(f"the packed Gluon window kernel needs a GQA group of {group} query heads per KV head "
+                         f"(2 quads of 4); got {Hq // hkv}")
     B = cu_seqlens_q.shape[0] - 1
     sms = torch.cuda.get_device_properties(q.device).multi_processor_count
     per, n_chunks = packed_chunk(max_seqlen_q, B * hkv, sms, cfg.min_units, cfg.ups)
     dw = PK_TOK * cfg.ups
-    window_packed_kernel[(hkv, n_chunks, B)](_desc(q, PK_TOK), _desc(k, 128), _desc(k, dw), _desc(v, 128),
-                                             _desc(v, dw), cu_seqlens_q, sinks, out, out.stride(0),
-                                             out.stride(1), scale * LOG2E, window, per, GROUP=Hq // hkv,
+    window_packed_kernel[(hkv, n_chunks, B)](_box_desc(q, PK_TOK), _box_desc(k, 128), _box_desc(k, dw),
+                                             _box_desc(v, 128), _box_desc(v, dw), cu_seqlens_q, sinks, out,
+                                             out.stride(0), out.stride(1), scale * LOG2E, window, per, q, k, v,
+                                             q.stride(0), k.stride(0), v.stride(0), GROUP=Hq // hkv,
                                              S=cfg.stages, CONSUMER_REGS=cfg.consumer_regs,
                                              PRODUCER_REGS=cfg.producer_regs, num_warps=4, maxnreg=cfg.maxnreg,
-                                             NC=cfg.nc, SERIAL=cfg.serial,
-                                             UPS=cfg.ups)
+                                             NC=cfg.nc, SERIAL=cfg.serial, UPS=cfg.ups,
+                                             DIRECT=cfg.direct_store, PF=cfg.prefetch)
     return out
 
 

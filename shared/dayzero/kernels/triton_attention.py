@@ -25,7 +25,7 @@ from triton.runtime.errors import OutOfResources, PTXASError
 
 from .registry import register
 from .triton_attention_decode import choose_num_splits, decode_attention
-from .triton_attention_prefill import prefill_attention
+from .triton_attention_prefill import gluon_window_attention, gluon_window_choice, prefill_attention
 from .triton_attention_window import window_attention, window_supported
 
 # which prefill kernel serves sliding-window layers unless config["KERNEL"] says otherwise
@@ -101,6 +101,11 @@ def attention(
                                            num_sms=_num_sms(q.device))
         return decode_attention(q, k, v, k_cache, v_cache, block_tables, cu_seqlens_q, cached_lens,
                                 sinks, scale, window, num_splits, out, config)
+    if window > 0 and not config:  # the Gluon window kernel where it applies (DAYZERO_WINDOW_GLUON)
+        gluon = gluon_window_choice(q, k, v, out, window, config, cached_lens, max_seqlen_k)
+        if gluon is not None:
+            return gluon_window_attention(gluon, q, k, v, k_cache, v_cache, block_tables, cu_seqlens_q, cached_lens,
+                                          sinks, scale, window, max_seqlen_q, out)
     config = dict(config or {})
     kernel = config.pop("KERNEL", WINDOW_PREFILL_KERNEL if window > 0 else "flash")
     if kernel not in ("window", "flash"):

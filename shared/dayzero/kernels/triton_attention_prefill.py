@@ -243,6 +243,62 @@ def gluon_prefill_choice(q, k, v, out, window: int, config: dict | None, cached_
     return name if max_seqlen_k == 0 else None
 
 
+WINDOW_GLUON_ENV = "DAYZERO_WINDOW_GLUON"
+# The Gluon sliding-window configuration the registered op's window path uses where it applies (session 6,
+# bench/NOTES.md "Gluon window on the GPU (session 6)"). DAYZERO_WINDOW_GLUON=0 turns it off, =<config> picks
+# another of gluon_attention_window.CONFIGS.
+WINDOW_GLUON_DEFAULT = "pk3s"
+WINDOW_GLUON_SIZE = 128     # the one window it is timed and wired for (gpt-oss sliding layers)
+
+
+def gluon_window_choice(q, k, v, out, window: int, config: dict | None, cached_lens,
+                        max_seqlen_k: int | None) -> str | None:
+    """The ``gluon_attention_window`` configuration that runs this sliding-window prefill call, or None (the
+    Triton window kernel). DAYZERO_WINDOW_GLUON names a configuration (default ``WINDOW_GLUON_DEFAULT``; "0" or
+    empty: off; an unknown name: ValueError). The Gluon kernel runs only: no tile config from the caller, window
+    128, head dim 64, bf16, TMA-able rows, the configuration's GQA group (8 for ``pk*``), a Hopper GPU (sm_90),
+    no cached prefix (``max_seqlen_k == 0``; when not given, ``cached_lens`` all zero, read on the host: one
+    sync, never while a CUDA graph is being captured)."""
+    name = os.environ.get(WINDOW_GLUON_ENV, WINDOW_GLUON_DEFAULT)
+    if name in ("", "0"):
+        return None
+    from .gluon_attention_window import CONFIGS, GluonWindowPackedConfig
+    from .gluon_attention_window_schedule import check_window_supported
+
+    if name not in CONFIGS:
+        raise ValueError(f"{WINDOW_GLUON_ENV}={name!r} is not a Gluon window configuration ({', '.join(CONFIGS)})")
+    if config or window != WINDOW_GLUON_SIZE or not q.is_cuda or q.dim() != 3 or k.dim() != 3 \
+            or torch.cuda.get_device_capability(q.device) != (9, 0):
+        return None
+    cfg = CONFIGS[name]
+    group = q.shape[1] // max(k.shape[1], 1)
+    packed = isinstance(cfg, GluonWindowPackedConfig)
+    if (packed and group != 8) or (not packed and group % cfg.hpc):
+        return None
+    try:
+        check_window_supported(q, k, v, out, window)
+    except ValueError:
+        return None
+    if max_seqlen_k is None:
+        if torch.cuda.is_current_stream_capturing():
+            return None
+        return None if bool((cached_lens != 0).any()) else name   # host sync
+    return name if max_seqlen_k == 0 else None
+
+
+def gluon_window_attention(name: str, q, k, v, k_cache, v_cache, block_tables, cu_seqlens_q, cached_lens, sinks,
+                           scale: float, window: int, max_seqlen_q: int, out: torch.Tensor) -> torch.Tensor:
+    """Run configuration ``name`` (from ``gluon_window_choice``: the call is already checked) into ``out``."""
+    from .gluon_attention_window import CONFIGS, GluonWindowPackedConfig, window_attention
+    from .gluon_attention_window_packed import window_packed_attention
+
+    cfg = CONFIGS[name]
+    if isinstance(cfg, GluonWindowPackedConfig):
+        return window_packed_attention(q, k, v, cu_seqlens_q, sinks, scale, window, max_seqlen_q, out, cfg)
+    return window_attention(q, k, v, k_cache, v_cache, block_tables, cu_seqlens_q, cached_lens, sinks, scale, window,
+                            max_seqlen_q, out, config=cfg, check_prefix=False)
+
+
 def prefill_attention(q, k, v, k_cache, v_cache, block_tables, cu_seqlens_q, cached_lens, sinks,
                       scale: float, window: int, max_seqlen_q: int, out: torch.Tensor,
                       config: dict | None = None, max_seqlen_k: int | None = None) -> torch.Tensor:
