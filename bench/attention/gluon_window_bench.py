@@ -9,7 +9,8 @@ everywhere and against the fp32 reference on its first and last 256 rows, then t
 median, L2 flushed: host enqueue included, as the eager op runs) and ``graph_ms`` (one CUDA graph replayed:
 GPU time). The floor: Q, K, V read and O written once at the copy bandwidth measured in the same process
 (``x_floor`` = graph_ms / floor; issue 5 asks <= 1.5). The Triton kernel runs first and again last
-(``triton@end``: drift). JSON: ``<out>/gluon_window.json`` (meta: commit, GPU, date from ``attn_common.run_meta``).
+(``triton@end``: drift); ``registered``: the registered op (``triton_attention.attention``, max_seqlen_k 0, as the
+engine calls it: its default Gluon configuration, host dispatch included). JSON: ``<out>/gluon_window.json`` (meta: commit, GPU, date from ``attn_common.run_meta``).
 """
 
 from __future__ import annotations
@@ -38,6 +39,9 @@ def _impl(name: str, p: dict, out: torch.Tensor, n: int):
     if name.split("@")[0] == "triton":
         from dayzero.kernels.triton_attention_window import window_attention
         return lambda: window_attention(*args)
+    if name == "registered":   # the registered op as the engine calls it (its default Gluon configuration)
+        from dayzero.kernels.triton_attention import attention
+        return lambda: attention(*args[:11], max_seqlen_q=n, max_seqlen_k=0, out=out)
     from dayzero.kernels.gluon_attention_window import CONFIGS, window_attention as gluon_window
     cfg = CONFIGS[name]
     gluon_window(*args, config=cfg, check_prefix=True)     # the prefix check syncs: once here, not timed
@@ -57,7 +61,7 @@ def main() -> int:
     bw = copy_bandwidth()
     doc = dict(meta=run_meta(), copy_bytes_per_s=bw, shape=dict(hq=HQ, hkv=HKV, d=D, window=WINDOW, sinks=True,
                cached=0), rows=[], errors=[])
-    names = ["triton"] + a.configs.split(",") + ["triton@end"]
+    names = ["triton"] + a.configs.split(",") + ["registered", "triton@end"]
     for n in (int(x) for x in a.n.split(",")):
         p = single_sequence(n, 0, seed=n)
         floor_ms = n * (2 * HQ + 2 * HKV) * D * 2 / bw * 1e3

@@ -110,12 +110,14 @@ CONFIGS = {"w2": GluonWindowConfig(),                                           
            "pk3s4p": GluonWindowPackedConfig(nc=3, serial=True, consumer_regs=160, producer_regs=32, maxnreg=128,
                                              direct_store=True, stages=4, prefetch=4),
            "pk3sp": GluonWindowPackedConfig(nc=3, serial=True, consumer_regs=160, producer_regs=32, maxnreg=128,
-                                            direct_store=True, prefetch=4)}
+                                            direct_store=True, prefetch=4),
+           "pk3s4p8": GluonWindowPackedConfig(nc=3, serial=True, consumer_regs=160, producer_regs=32, maxnreg=128,
+                                              direct_store=True, stages=4, prefetch=8)}
 DEFAULT = CONFIGS["w2"]
 # what gluon_window_run.sh tests and times by default: version 1's best (g4) beside version 2's (pk3s: the
 # registered op's default since session 6) and session 6's variants of it; pk3 / pk2s / pk3s_u2 ran in session 6's
 # first call (bench/NOTES.md), w2 / g2 / g8 / w3 in session 5, w2_prod spills, w2_1cta is a diagnostic
-RUN_CONFIGS = ("g4", "pk3s", "pk3s_d", "pk3s4", "pk2s4", "pk34", "pk3sp", "pk3s4p")
+RUN_CONFIGS = ("g4", "pk3s", "pk3s_d", "pk3s4", "pk2s4", "pk34", "pk3sp", "pk3s4p", "pk3s4p8")
 
 
 @gluon.jit
