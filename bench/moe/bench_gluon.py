@@ -2,6 +2,7 @@
 
     PYTHONPATH=shared python bench/moe/bench_gluon.py --out DIR [--variants op,gluon64,...]
         [--balanced-variants ...] [--experts 32,128] [--tokens 8192]       # MOE_GLUON_NAME: file name
+        [--interleave op,gluon128_fws,...] [--interleave-reps 40]         # layer graphs timed in turns
     PYTHONPATH=shared python bench/moe/bench_gluon.py --compile [--out DIR]     # no GPU needed
 
 GPU mode writes DIR/moe-gluon.json: per E (default 32 and 128), 8192 tokens, top-4, random and
@@ -54,6 +55,12 @@ def _configs() -> dict:
             "gluon128_d": r(BM128, sched=1), "gluon128_h2_d": r(BM128, half=2, sched=1),
             "gluon128_d_glue": r(BM128, sched=1, glue=True), "gluon128_h2_d_glue": r(BM128, half=2, sched=1, glue=True),
             "gluon128_h2_glue": r(BM128, half=2, glue=True),
+            # session 6 (run 9): fast gate_up epilogue, W boxes per weight block, 4 pairs per glue program
+            "gluon128_f": r(BM128, fast_epi=True), "gluon128_ws": r(BM128, wsplit=True),
+            "gluon128_glue4": r(BM128, glue=True, glue_rows=4),
+            "gluon128_fws": r(BM128, fast_epi=True, wsplit=True),
+            "gluon128_fws_glue4": r(BM128, fast_epi=True, wsplit=True, glue=True, glue_rows=4),
+            "gluon128_h2_fws_glue4": r(BM128, half=2, fast_epi=True, wsplit=True, glue=True, glue_rows=4),
             # timing diagnostics (wrong results): where the time goes
             "diag_w_once_per_tile": r(BM64, diag=1), "diag_a_once_per_tile": r(BM64, diag=2),
             "diag128_half_w_once": r(BM128, half=3)}
@@ -83,7 +90,9 @@ def compile_check(out: str | None, names: list[str] | None = None) -> int:
         for epi in (1, 2):
             sig = {n: "i32" for n in kern.arg_names}
             sig.update(sa_desc=f"tensordesc<fp32[1, {bm}],{sal!r}>", sb_desc=f"tensordesc<fp32[8, 4],{sbl!r}>")
-            sig.update(a_desc=f"tensordesc<fp8e4nv[{a_rows}, 128],{al!r}>", b_desc=f"tensordesc<fp8e4nv[256, 128],{bl!r}>",
+            w_rows = 128 if cfg.wsplit else 256
+            sig.update(a_desc=f"tensordesc<fp8e4nv[{a_rows}, 128],{al!r}>",
+                       b_desc=f"tensordesc<fp8e4nv[{w_rows}, 128],{bl!r}>",
                        bias_ptr="*bf16", c_ptr="*fp8e4nv" if epi == 1 else "*bf16",
                        cs_ptr="*fp32", sorted_ids_ptr="*i32", block_expert_ptr="*i32", weights_ptr="*bf16",
                        limit="fp32", alpha="fp32", span_ptr="*i32")
@@ -92,7 +101,7 @@ def compile_check(out: str | None, names: list[str] | None = None) -> int:
             if bm == 64:
                 consts["DIAG"] = cfg.diag
             else:
-                consts.update(HALF=cfg.half, TRACE=False, SCHED=cfg.sched)
+                consts.update(HALF=cfg.half, TRACE=False, SCHED=cfg.sched, OPT=int(cfg.fast_epi) | 2 * int(cfg.wsplit))
                 sig.update(trace_ptr="*i64", counter_ptr="*i32")
             sig.update({k: "constexpr" for k in consts})
             b = build_sm90(GluonASTSource(kern, sig, consts), 4, maxnreg=cfg.maxnreg)
@@ -188,6 +197,55 @@ def moe_layer(res, E: int, T: int, variants: list[str], balanced_variants: list[
             del run, out
 
 
+def interleaved(res, E: int, T: int, variants: list[str], reps: int) -> None:
+    """Layer time of each variant as CUDA-graph replays taken in turns (variant 1, 2, ..., 1, 2, ...;
+    ``reps`` rounds, one replay of a 4-call graph each), so clock and power drift hits every variant
+    alike (separate timings of one configuration moved by up to 10 % within a call in runs 6-8); both
+    routings. Rows: median / min / max ms per call and TFLOP/s useful from the median."""
+    import statistics
+
+    import torch
+    from common import random_experts, routing
+
+    from dayzero.kernels.gluon_moe_gemm_run import GluonMoeRun, config_for
+
+    cfgs = _configs()
+    ex = random_experts(E, H, I, seed=E)
+    x = torch.randn(T, H, device="cuda").bfloat16()
+    for balanced in (False, True):
+        w, ids = routing(T, E, K_TOP, balanced, seed=T)
+        graphs = {}
+        for var in variants:
+            run = GluonMoeRun(x, w, ids, ex, LIMIT, config_for(ids.numel(), E) if var == "op" else cfgs[var])
+            side = torch.cuda.Stream()
+            with torch.cuda.stream(side):
+                for _ in range(2):
+                    run()
+            torch.cuda.synchronize()
+            g = torch.cuda.CUDAGraph()
+            with torch.cuda.graph(g):
+                for _ in range(4):
+                    run()
+            g.replay()
+            graphs[var] = (g, run)
+        torch.cuda.synchronize()
+        times = {v: [] for v in variants}
+        t0, t1 = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        for _ in range(reps):
+            for var in variants:
+                t0.record()
+                graphs[var][0].replay()
+                t1.record()
+                t1.synchronize()
+                times[var].append(t0.elapsed_time(t1) / 4)
+        for var in variants:
+            med = statistics.median(times[var])
+            res.add(section="moe_gluon_interleaved", E=E, T=T, balanced=balanced, variant=var, reps=reps,
+                    layer_ms_graph_il=med, min_ms=min(times[var]), max_ms=max(times[var]),
+                    tflops_useful_il=_flop(T) / med / 1e9)
+        del graphs
+
+
 def main() -> int:
     ap = argparse.ArgumentParser()
     ap.add_argument("--out", default=os.environ.get("OUT"))
@@ -198,6 +256,8 @@ def main() -> int:
     ap.add_argument("--experts", default="32,128", help="expert counts (one layer shape each)")
     ap.add_argument("--trace-variants", default="", help="bm-128 variants also run once with the per-tile trace")
     ap.add_argument("--no-graph", action="store_true", help="skip the CUDA-graph timings (*_ms_graph)")
+    ap.add_argument("--interleave", default="", help="variants whose layer graphs are also timed in turns")
+    ap.add_argument("--interleave-reps", type=int, default=40)
     args = ap.parse_args()
     if args.compile:
         return compile_check(args.out, args.variants.split(",") if args.variants != DEFAULT_VARIANTS else None)
@@ -210,6 +270,10 @@ def main() -> int:
                     [v for v in args.balanced_variants.split(",") if v], tuple(args.trace_variants.split(",")),
                     not args.no_graph)
         res.write(args.out or ".")
+        if args.interleave:
+            res.section(f"moe_gluon_interleaved_E{E}", interleaved, E, args.tokens,
+                        [v for v in args.interleave.split(",") if v], args.interleave_reps)
+            res.write(args.out or ".")
     print("wrote", res.write(args.out or "."), "errors:", len(res.errors))
     return 0
 

@@ -39,7 +39,8 @@ def _med(xs: list[float]) -> float | None:
 def tile_times(run, stage: str) -> dict:
     """Run ``stage`` ('gate_up' | 'down') of a bm-128 ``GluonMoeRun`` once with the per-tile trace and
     summarise it: median us of full / half tiles, half tiles with and without a
-    same-(expert, N tile) full tile overlapping them, and the span of the launch."""
+    same-(expert, N tile) full tile overlapping them, the span of the launch (first tile start to last
+    tile end) and the launch's CUDA-event time (the span plus launch, prologue and drain)."""
     from dayzero.kernels import gluon_moe_gemm_run as gr
 
     ex, al = run.experts, run.al
@@ -47,12 +48,16 @@ def tile_times(run, stage: str) -> dict:
     num_pid_n = -(-N // gr.BN)
     nbm = al.padded_rows // 128
     trace = torch.zeros((nbm * num_pid_n, 4), dtype=torch.int64, device=run.x.device)
+    ev0, ev1 = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    torch.cuda.synchronize()
+    ev0.record()
     if stage == "gate_up":
         gr.gemm_ws(run.xq, run.xs_t, ex.gate_up, run._scales_by_k("gate_up"), ex.gate_up_bias, run.h, run.hs_t,
                    al, run.weights, K=run.H, N=N, epi=1, limit=run.limit, cfg=run.cfg, trace=trace)
     else:
         gr.gemm_ws(run.h, run.hs_t, ex.down, run._scales_by_k("down"), ex.down_bias, run.y, None, al, run.weights,
                    K=run.I, N=N, epi=2, limit=run.limit, cfg=run.cfg, trace=trace)
+    ev1.record()
     torch.cuda.synchronize()
     be = al.block_expert.tolist()
     used_m = sum(1 for b in be if b >= 0)
@@ -82,4 +87,5 @@ def tile_times(run, stage: str) -> dict:
         n_full=len(full), n_half=len(half), n_half_overlap=len(shared), walk_mismatch=wrong_m,
         unreached=used_m * num_pid_n - len(recs),
         busy_us_per_sm=round(sum((r[1] - r[0]) for r in recs) / 1e3 / _sms(), 1),
-        span_us=round((max(t_all) - min(t_all)) / 1e3, 1) if t_all else None)}
+        span_us=round((max(t_all) - min(t_all)) / 1e3, 1) if t_all else None,
+        launch_event_us=round(ev0.elapsed_time(ev1) * 1e3, 1))}

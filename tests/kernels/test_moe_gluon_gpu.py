@@ -320,3 +320,51 @@ def test_gluon_moe_dynamic_schedule(name):
     x, w, _ = route(1500, 32, 4, 2880, seed=89)
     ids = skewed_ids(1500, 4).to(DEV)
     assert torch.equal(check(x, w, ids, q, d, cfg), fused_moe_gluon(x, w, ids, q, LIMIT, cfg0))
+
+
+# Gluon run 9 (session 6) options on the shipped 128-row configuration: the gate_up epilogue without the range
+# guards of exp / division (fast_epi), W as one TMA box per weight block with the box past N skipped (wsplit),
+# the fused glue with 4 pairs a program (glue_rows), and HALF 2 with all three
+RUN9_CFGS = {"fast_epi": dict(fast_epi=True), "wsplit": dict(wsplit=True),
+             "fast_wsplit_glue4": dict(fast_epi=True, wsplit=True, glue=True, glue_rows=4),
+             "half2_fast_wsplit_glue4": dict(half=2, fast_epi=True, wsplit=True, glue=True, glue_rows=4)}
+
+
+@pytest.mark.parametrize("name", list(RUN9_CFGS))
+def test_gluon_moe_run9_options(name):
+    """Each run-9 option within the FP8 bounds and bitwise equal to the shipped 128-row configuration
+    (BM128) on the shape cases (2880-wide shapes: the last gate_up / down N tile has no second weight
+    block, so wsplit skips its box), skewed routing, and T = 37 (fewer tiles than CTAs)."""
+    from dayzero.kernels.gluon_moe_gemm_run import BM128, fused_moe_gluon
+    from test_moe_gpu import make_experts, route, skewed_ids
+
+    cfg = dataclasses.replace(BM128, **RUN9_CFGS[name])
+    for T, E, H, I, k, seed, offset, E_glob in SHAPE_CASES + ((37, 6, 208, 336, 2, 91, 0, 6), ):
+        q, d = make_experts(E, H, I, seed, offset)
+        x, w, ids = route(T, E_glob, k, H, seed + 1)
+        out = check(x, w, ids, q, d, cfg)
+        assert torch.equal(out, fused_moe_gluon(x, w, ids, q, LIMIT, BM128)), (name, T, E)
+    q, d = make_experts(32, 2880, 2880, seed=92)
+    x, w, _ = route(1500, 32, 4, 2880, seed=93)
+    ids = skewed_ids(1500, 4).to(DEV)
+    assert torch.equal(check(x, w, ids, q, d, cfg), fused_moe_gluon(x, w, ids, q, LIMIT, BM128))
+
+
+def test_run9_option_errors():
+    """Bad run-9 options are refused before any launch: glue_rows not a power of 2, fast_epi / wsplit on
+    64-row tiles, wsplit with the HALF 3 diagnostic."""
+    pytest.importorskip("triton")
+    if not _hopper():
+        pytest.skip("the Gluon MoE GEMM is written for sm_90 (wgmma)")
+    from dayzero.kernels.gluon_moe_gemm_run import BM64, BM128, fused_moe_gluon
+    from dayzero.kernels.triton_moe_align import align_quant_pairs
+    from test_moe_gpu import make_experts, route
+
+    q, _ = make_experts(8, 2880, 2880, seed=94)
+    x, w, ids = route(256, 8, 4, 2880, seed=95)
+    with pytest.raises(ValueError):
+        align_quant_pairs(x, ids, 8, 128, rows_per_prog=3)
+    for cfg in (dataclasses.replace(BM64, fast_epi=True), dataclasses.replace(BM64, wsplit=True),
+                dataclasses.replace(BM128, wsplit=True, half=3)):
+        with pytest.raises(ValueError):
+            fused_moe_gluon(x, w, ids, q, LIMIT, cfg)

@@ -36,14 +36,17 @@ from .gluon_moe_trace import _now, _trace
 BM = gl.constexpr(128)    # rows of a tile (= the align block)
 HM = gl.constexpr(64)     # rows per consumer warpgroup
 BK = gl.constexpr(128)    # K step (= one scale group)
+WN = gl.constexpr(128)    # one weight block of columns
 BN = gl.constexpr(256)    # two 128-wide weight blocks
 
 
 @gluon.jit
-def _load_tile(p, pid_m, pid_n, e, full, it, STAGES: gl.constexpr, HALF: gl.constexpr):
+def _load_tile(p, pid_m, pid_n, e, full, it, STAGES: gl.constexpr, HALF: gl.constexpr, OPT: gl.constexpr):
     """The TMA loads of one tile's K steps (A [BM, BK], W [BN, BK], the step's scales); returns it.
     HALF >= 2: A as two [HM, BK] boxes, the second skipped for a half tile; HALF 3 (timing diagnostic,
-    wrong results) also loads a half tile's W only at its first K step."""
+    wrong results) also loads a half tile's W only at its first K step. OPT & 2 (``GluonConfig.wsplit``,
+    HALF 0-2): W as two [WN, BK] boxes (one per weight block), the second skipped where that block lies
+    past N (the last N tile when N % 256 <= 128: its rows are the next expert's, never multiplied)."""
     (a_desc, b_desc, sa_desc, sb_desc, a_bufs, b_bufs, sa_bufs, sb_bufs, ready, empty, xbar, amax_smem, bias_ptr,
      c_ptr, cs_ptr, sorted_ids_ptr, block_expert_ptr, weights_ptr, used_m, N, K, num_pairs, num_kb, stride_biase,
      stride_cm, stride_cs, limit, alpha, span_ptr) = p
@@ -53,7 +56,23 @@ def _load_tile(p, pid_m, pid_n, e, full, it, STAGES: gl.constexpr, HALF: gl.cons
         s = it % STAGES
         bar = ready.index(s)
         mbarrier.wait(empty.index(s), ((it // STAGES) & 1) ^ 1)
-        if HALF < 2:
+        if (OPT & 2) != 0:
+            has1 = pid_n * BN + WN < N                                    # weight block 1 has columns
+            a_all = full or HALF < 2                                      # A's rows 64-127 loaded
+            mbarrier.expect(bar, BM * BK + BN * BK + BM * 4 + 8 * 16, pred=a_all and has1)
+            mbarrier.expect(bar, BM * BK + WN * BK + BM * 4 + 8 * 16, pred=a_all and not has1)
+            mbarrier.expect(bar, HM * BK + BN * BK + BM * 4 + 8 * 16, pred=(not a_all) and has1)
+            mbarrier.expect(bar, HM * BK + WN * BK + BM * 4 + 8 * 16, pred=(not a_all) and not has1)
+            if HALF < 2:
+                tma.async_copy_global_to_shared(a_desc, [pid_m * BM, kb * BK], bar, a_bufs.index(s))
+            else:
+                tma.async_copy_global_to_shared(a_desc, [pid_m * BM, kb * BK], bar, a_bufs.index(s).slice(0, HM))
+                tma.async_copy_global_to_shared(a_desc, [pid_m * BM + HM, kb * BK], bar,
+                                                a_bufs.index(s).slice(HM, HM), pred=full)
+            tma.async_copy_global_to_shared(b_desc, [row_b, kb * BK], bar, b_bufs.index(s).slice(0, WN))
+            tma.async_copy_global_to_shared(b_desc, [row_b + WN, kb * BK], bar, b_bufs.index(s).slice(WN, WN),
+                                            pred=has1)
+        elif HALF < 2:
             mbarrier.expect(bar, BM * BK + BN * BK + BM * 4 + 8 * 16)
             tma.async_copy_global_to_shared(a_desc, [pid_m * BM, kb * BK], bar, a_bufs.index(s))
             tma.async_copy_global_to_shared(b_desc, [row_b, kb * BK], bar, b_bufs.index(s))
@@ -73,8 +92,8 @@ def _load_tile(p, pid_m, pid_n, e, full, it, STAGES: gl.constexpr, HALF: gl.cons
 
 
 @gluon.jit
-def _producer(p, sq, EPI: gl.constexpr, STAGES: gl.constexpr, GROUP_M: gl.constexpr, HALF: gl.constexpr,
-              WALK: gl.constexpr, SCHED: gl.constexpr):
+def _producer(p, sq, EPI: gl.constexpr, OPT: gl.constexpr, STAGES: gl.constexpr, GROUP_M: gl.constexpr,
+              HALF: gl.constexpr, WALK: gl.constexpr, SCHED: gl.constexpr):
     """1 warp: the loads of every K step of every tile of this CTA (SCHED 1: tiles taken from the global
     counter and handed to the consumers, ``gluon_moe_sched``)."""
     (a_desc, b_desc, sa_desc, sb_desc, a_bufs, b_bufs, sa_bufs, sb_bufs, ready, empty, xbar, amax_smem, bias_ptr,
@@ -84,14 +103,14 @@ def _producer(p, sq, EPI: gl.constexpr, STAGES: gl.constexpr, GROUP_M: gl.conste
     it = 0
     if SCHED == 0:
         for tile in range(gl.program_id(0), used_m * num_pid_n, gl.num_programs(0)):
-            it = _produce(p, tile, it, num_pid_n, STAGES, GROUP_M, HALF, WALK)
+            it = _produce(p, tile, it, num_pid_n, STAGES, GROUP_M, HALF, WALK, OPT)
     else:
         tiles_smem, tfull, tempty, counter_ptr = sq
         tile = gl.program_id(0)
         k = 0
         while tile < used_m * num_pid_n:
             _publish(tiles_smem, tfull, tempty, k, tile)
-            it = _produce(p, tile, it, num_pid_n, STAGES, GROUP_M, HALF, WALK)
+            it = _produce(p, tile, it, num_pid_n, STAGES, GROUP_M, HALF, WALK, OPT)
             k += 1
             tile = _next(counter_ptr)
         _publish(tiles_smem, tfull, tempty, k, used_m * num_pid_n)          # the end
@@ -99,7 +118,7 @@ def _producer(p, sq, EPI: gl.constexpr, STAGES: gl.constexpr, GROUP_M: gl.conste
 
 @gluon.jit
 def _produce(p, tile, it, num_pid_n, STAGES: gl.constexpr, GROUP_M: gl.constexpr, HALF: gl.constexpr,
-             WALK: gl.constexpr):
+             WALK: gl.constexpr, OPT: gl.constexpr):
     """The loads of walk position ``tile``; returns it."""
     (a_desc, b_desc, sa_desc, sb_desc, a_bufs, b_bufs, sa_bufs, sb_bufs, ready, empty, xbar, amax_smem, bias_ptr,
      c_ptr, cs_ptr, sorted_ids_ptr, block_expert_ptr, weights_ptr, used_m, N, K, num_pairs, num_kb, stride_biase,
@@ -107,28 +126,28 @@ def _produce(p, tile, it, num_pid_n, STAGES: gl.constexpr, GROUP_M: gl.constexpr
     pid_m, pid_n = _tile_mn(tile, used_m, num_pid_n, span_ptr, GROUP_M, WALK)
     e = gl.load(block_expert_ptr + pid_m)
     if HALF < 2:
-        it = _load_tile(p, pid_m, pid_n, e, True, it, STAGES, HALF)
+        it = _load_tile(p, pid_m, pid_n, e, True, it, STAGES, HALF, OPT)
     else:
         it = _load_tile(p, pid_m, pid_n, e, gl.load(sorted_ids_ptr + pid_m * BM + HM) < num_pairs, it, STAGES,
-                        HALF)
+                        HALF, OPT)
     return it
 
 
 @gluon.jit
-def _consumer0(p, sq, EPI: gl.constexpr, STAGES: gl.constexpr, GROUP_M: gl.constexpr, HALF: gl.constexpr, trace_ptr,
-               TRACE: gl.constexpr, WALK: gl.constexpr, SCHED: gl.constexpr):
-    _consumer(p, sq, 0, EPI, STAGES, GROUP_M, HALF, trace_ptr, TRACE, WALK, SCHED)
+def _consumer0(p, sq, EPI: gl.constexpr, OPT: gl.constexpr, STAGES: gl.constexpr, GROUP_M: gl.constexpr,
+               HALF: gl.constexpr, trace_ptr, TRACE: gl.constexpr, WALK: gl.constexpr, SCHED: gl.constexpr):
+    _consumer(p, sq, 0, EPI, OPT, STAGES, GROUP_M, HALF, trace_ptr, TRACE, WALK, SCHED)
 
 
 @gluon.jit
-def _consumer1(p, sq, EPI: gl.constexpr, STAGES: gl.constexpr, GROUP_M: gl.constexpr, HALF: gl.constexpr, trace_ptr,
-               TRACE: gl.constexpr, WALK: gl.constexpr, SCHED: gl.constexpr):
-    _consumer(p, sq, 1, EPI, STAGES, GROUP_M, HALF, trace_ptr, False, WALK, SCHED)
+def _consumer1(p, sq, EPI: gl.constexpr, OPT: gl.constexpr, STAGES: gl.constexpr, GROUP_M: gl.constexpr,
+               HALF: gl.constexpr, trace_ptr, TRACE: gl.constexpr, WALK: gl.constexpr, SCHED: gl.constexpr):
+    _consumer(p, sq, 1, EPI, OPT, STAGES, GROUP_M, HALF, trace_ptr, False, WALK, SCHED)
 
 
 @gluon.jit
-def _consumer(p, sq, WG: gl.constexpr, EPI: gl.constexpr, STAGES: gl.constexpr, GROUP_M: gl.constexpr,
-              HALF: gl.constexpr, trace_ptr, TRACE: gl.constexpr, WALK: gl.constexpr, SCHED: gl.constexpr):
+def _consumer(p, sq, WG: gl.constexpr, EPI: gl.constexpr, OPT: gl.constexpr, STAGES: gl.constexpr,
+              GROUP_M: gl.constexpr, HALF: gl.constexpr, trace_ptr, TRACE: gl.constexpr, WALK: gl.constexpr, SCHED: gl.constexpr):
     """4 warps, every tile of this CTA. Full tile: rows [WG * HM, (WG + 1) * HM), all BN columns. Half
     tile (rows 64-127 all padding): HALF 0 / 2 / 3: rows 0-63, weight block WG (the consumers split N, as
     in ``gluon_moe_gemm``; the gate_up row amax is exchanged through shared memory); HALF 1: warpgroup 0
@@ -143,22 +162,22 @@ def _consumer(p, sq, WG: gl.constexpr, EPI: gl.constexpr, STAGES: gl.constexpr, 
     hcount = 0                                                              # half tiles seen (amax exchange phase)
     if SCHED == 0:
         for tile in range(gl.program_id(0), used_m * num_pid_n, gl.num_programs(0)):
-            it, hcount = _consume(p, tile, it, hcount, num_pid_n, WG, EPI, STAGES, GROUP_M, HALF, trace_ptr, TRACE,
+            it, hcount = _consume(p, tile, it, hcount, num_pid_n, WG, EPI, OPT, STAGES, GROUP_M, HALF, trace_ptr, TRACE,
                                   WALK)
     else:
         tiles_smem, tfull, tempty, counter_ptr = sq
         k = 0
         tile = _receive(tiles_smem, tfull, tempty, k)
         while tile < used_m * num_pid_n:
-            it, hcount = _consume(p, tile, it, hcount, num_pid_n, WG, EPI, STAGES, GROUP_M, HALF, trace_ptr, TRACE,
+            it, hcount = _consume(p, tile, it, hcount, num_pid_n, WG, EPI, OPT, STAGES, GROUP_M, HALF, trace_ptr, TRACE,
                                   WALK)
             k += 1
             tile = _receive(tiles_smem, tfull, tempty, k)
 
 
 @gluon.jit
-def _consume(p, tile, it, hcount, num_pid_n, WG: gl.constexpr, EPI: gl.constexpr, STAGES: gl.constexpr,
-             GROUP_M: gl.constexpr, HALF: gl.constexpr, trace_ptr, TRACE: gl.constexpr, WALK: gl.constexpr):
+def _consume(p, tile, it, hcount, num_pid_n, WG: gl.constexpr, EPI: gl.constexpr, OPT: gl.constexpr,
+             STAGES: gl.constexpr, GROUP_M: gl.constexpr, HALF: gl.constexpr, trace_ptr, TRACE: gl.constexpr, WALK: gl.constexpr):
     """One consumer's share of walk position ``tile`` (K loop + epilogue); returns (it, hcount)."""
     (a_desc, b_desc, sa_desc, sb_desc, a_bufs, b_bufs, sa_bufs, sb_bufs, ready, empty, xbar, amax_smem, bias_ptr,
      c_ptr, cs_ptr, sorted_ids_ptr, block_expert_ptr, weights_ptr, used_m, N, K, num_pairs, num_kb, stride_biase,
@@ -169,11 +188,11 @@ def _consume(p, tile, it, hcount, num_pid_n, WG: gl.constexpr, EPI: gl.constexpr
         t0 = _now()
     full = gl.load(sorted_ids_ptr + pid_m * BM + HM) < num_pairs          # rows 64-127 hold a routed pair
     if full:
-        it = _full_tile(p, pid_m, pid_n, e, it, WG, EPI, STAGES)
+        it = _full_tile(p, pid_m, pid_n, e, it, WG, EPI, OPT, STAGES)
     elif HALF != 1:  # HALF 0, 2, 3: the consumers split N
-        it, hcount = _half_tile(p, pid_m, pid_n, e, it, hcount, WG, EPI, STAGES)
+        it, hcount = _half_tile(p, pid_m, pid_n, e, it, hcount, WG, EPI, OPT, STAGES)
     elif WG == 0:  # HALF 1: warpgroup 0 alone takes rows 0-63 and both weight blocks
-        it = _full_tile(p, pid_m, pid_n, e, it, 0, EPI, STAGES)
+        it = _full_tile(p, pid_m, pid_n, e, it, 0, EPI, OPT, STAGES)
     else:
         for kb in range(gl.cdiv(K, BK)):
             s = it % STAGES
@@ -194,7 +213,7 @@ def moe_gemm_ws128_kernel(
     limit, alpha, trace_ptr, span_ptr, counter_ptr,
     EPI: gl.constexpr, STAGES: gl.constexpr, GROUP_M: gl.constexpr, CONSUMER_REGS: gl.constexpr,
     PRODUCER_REGS: gl.constexpr, num_warps: gl.constexpr, HALF: gl.constexpr = 0, TRACE: gl.constexpr = False,
-    WALK: gl.constexpr = 0, SCHED: gl.constexpr = 0,
+    WALK: gl.constexpr = 0, SCHED: gl.constexpr = 0, OPT: gl.constexpr = 0,
 ):
     a_bufs = gl.allocate_shared_memory(gl.float8e4nv, [STAGES, BM, BK], a_desc.layout)
     b_bufs = gl.allocate_shared_memory(gl.float8e4nv, [STAGES, BN, BK], b_desc.layout)
@@ -228,7 +247,7 @@ def moe_gemm_ws128_kernel(
         sq = (tiles_smem, tfull, tempty, counter_ptr)
     else:
         sq = (counter_ptr, counter_ptr, counter_ptr, counter_ptr)        # unused
-    gl.warp_specialize([(_consumer0, (p, sq, EPI, STAGES, GROUP_M, HALF, trace_ptr, TRACE, WALK, SCHED)),
-                        (_consumer1, (p, sq, EPI, STAGES, GROUP_M, HALF, trace_ptr, TRACE, WALK, SCHED)),
-                        (_producer, (p, sq, EPI, STAGES, GROUP_M, HALF, WALK, SCHED))], [4, 1],
+    gl.warp_specialize([(_consumer0, (p, sq, EPI, OPT, STAGES, GROUP_M, HALF, trace_ptr, TRACE, WALK, SCHED)),
+                        (_consumer1, (p, sq, EPI, OPT, STAGES, GROUP_M, HALF, trace_ptr, TRACE, WALK, SCHED)),
+                        (_producer, (p, sq, EPI, OPT, STAGES, GROUP_M, HALF, WALK, SCHED))], [4, 1],
                        [CONSUMER_REGS, PRODUCER_REGS])

@@ -56,6 +56,10 @@ class GluonConfig:
                                # two experts), 1 = groups inside each expert's run (AlignedPairs.block_span)
     sched: int = 0             # bm 128: 0 = static round-robin tiles per CTA, 1 = dynamic (a global counter:
                                # the next walk position goes to the first CTA that frees up; gluon_moe_sched)
+    fast_epi: bool = False     # bm 128: the gate_up epilogue's sigmoid and h quantization without the range
+                               # guards of exp / division (gluon_moe_epi; 17 % fewer epilogue instructions)
+    wsplit: bool = False       # bm 128: W as two 128-row TMA boxes, the second skipped past N (last N tile)
+    glue_rows: int = 1         # glue: pairs quantized per program of the scatter launch (align_quant_pairs)
 
 
 BM64 = GluonConfig()
@@ -113,6 +117,8 @@ def gemm_ws(a: torch.Tensor, a_scale_t: torch.Tensor, w: torch.Tensor, w_scale_k
         raise ValueError(f"walk must be 0 or 1, and walk 1 needs the alignment's block_span (walk {cfg.walk})")
     if cfg.sched not in (0, 1) or (cfg.sched and bm != 128):
         raise ValueError(f"sched must be 0 or 1 (1: 128-row tiles only), got {cfg.sched} with bm {bm}")
+    if (cfg.fast_epi or cfg.wsplit) and (bm != 128 or (cfg.wsplit and cfg.half == 3)):
+        raise ValueError(f"fast_epi / wsplit need 128-row tiles (wsplit: half 0-2), got bm {bm} half {cfg.half}")
     if not w.is_contiguous():
         raise ValueError("the Gluon MoE GEMM needs contiguous expert weights")
     E = w.shape[0]
@@ -121,7 +127,8 @@ def gemm_ws(a: torch.Tensor, a_scale_t: torch.Tensor, w: torch.Tensor, w_scale_k
     progs = max(1, min(cfg.programs_per_sm * sms, nbm * triton.cdiv(N, BN)))
     a_rows = 64 if bm == 128 and cfg.half >= 2 else bm                     # HALF 2 / 3: A as two 64-row boxes
     args = (_desc(a, [a_rows, BK], gl.float8e4nv), _desc(a_scale_t, [1, bm], gl.float32),
-            _desc(w.view(E * N, w.shape[2]), [BN, BK], gl.float8e4nv), _desc(w_scale_k, [8, 4], gl.float32),
+            _desc(w.view(E * N, w.shape[2]), [BN // 2 if cfg.wsplit else BN, BK], gl.float8e4nv),
+            _desc(w_scale_k, [8, 4], gl.float32),
             bias, out, out_scale_t if out_scale_t is not None else out, al.sorted_ids, al.block_expert, weights,
             nbm, N, K, al.num_pairs, triton.cdiv(K, BK), bias.stride(0), out.stride(0),
             out_scale_t.stride(0) if out_scale_t is not None else 0, float(limit), SWIGLU_ALPHA)
@@ -131,7 +138,8 @@ def gemm_ws(a: torch.Tensor, a_scale_t: torch.Tensor, w: torch.Tensor, w_scale_k
     if bm == 128:
         counter = torch.zeros((1, ), dtype=torch.int32, device=a.device) if cfg.sched else al.block_expert
         moe_gemm_ws128_kernel[(progs, )](*args, trace if trace is not None else out, span, counter, HALF=cfg.half,
-                                         TRACE=trace is not None, WALK=cfg.walk, SCHED=cfg.sched, **consts)
+                                         TRACE=trace is not None, WALK=cfg.walk, SCHED=cfg.sched,
+                                         OPT=int(cfg.fast_epi) | 2 * int(cfg.wsplit), **consts)
     else:
         moe_gemm_ws_kernel[(progs, )](*args, span, DIAG=cfg.diag, WALK=cfg.walk, **consts)
 
@@ -150,7 +158,7 @@ class GluonMoeRun(MoeRun):
             self.al = align_pairs(self.ids, self.E, self.tiles.bm, self.offset, span=span)
             return
         self.al, self.xq, self.xs_t = align_quant_pairs(self.x, self.ids, self.E, self.tiles.bm, self.offset,
-                                                        span=span)
+                                                        span=span, rows_per_prog=self.cfg.glue_rows)
 
     def quant(self) -> None:
         if not self.cfg.glue:            # else done by align

@@ -85,7 +85,7 @@ def _k_loop1(a_bufs, b_bufs, sa_bufs, sb_bufs, ready, empty, it, nk, j_sb, WG: g
 
 
 @gluon.jit
-def _full_tile(p, pid_m, pid_n, e, it, WG: gl.constexpr, EPI: gl.constexpr, STAGES: gl.constexpr):
+def _full_tile(p, pid_m, pid_n, e, it, WG: gl.constexpr, EPI: gl.constexpr, OPT: gl.constexpr, STAGES: gl.constexpr):
     """Rows [WG * HM, (WG + 1) * HM) of the tile, both weight blocks: K loop + epilogue; returns it."""
     (a_desc, b_desc, sa_desc, sb_desc, a_bufs, b_bufs, sa_bufs, sb_bufs, ready, empty, xbar, amax_smem, bias_ptr,
      c_ptr, cs_ptr, sorted_ids_ptr, block_expert_ptr, weights_ptr, used_m, N, K, num_pairs, num_kb, stride_biase,
@@ -104,8 +104,8 @@ def _full_tile(p, pid_m, pid_n, e, it, WG: gl.constexpr, EPI: gl.constexpr, STAG
     bias0 = gl.load(bias_e + offs_n, mask=n_ok0, other=0.0).to(gl.float32)
     bias1 = gl.load(bias_e + offs_n + WN, mask=n_ok1, other=0.0).to(gl.float32)
     if EPI == 1:
-        h0 = _swiglu(acc0, bias0, n_ok0, limit, alpha)                             # [HM, WN // 2]
-        h1 = _swiglu(acc1, bias1, n_ok1, limit, alpha)
+        h0 = _swiglu(acc0, bias0, n_ok0, limit, alpha, (OPT & 1) != 0)                             # [HM, WN // 2]
+        h1 = _swiglu(acc1, bias1, n_ok1, limit, alpha, (OPT & 1) != 0)
         amax = gl.maximum(gl.max(gl.abs(h0), axis=1), gl.max(gl.abs(h1), axis=1))
         st: gl.constexpr = gl.BlockedLayout([1, 16], [16, 2], [4, 1], [1, 0])
         sl: gl.constexpr = gl.SliceLayout(1, st)
@@ -113,8 +113,8 @@ def _full_tile(p, pid_m, pid_n, e, it, WG: gl.constexpr, EPI: gl.constexpr, STAG
         om = m0 + gl.arange(0, HM, sl)
         row_ok = gl.load(sorted_ids_ptr + om) < num_pairs
         oh = n0 // 2 + gl.arange(0, WN // 2, gl.SliceLayout(0, st))
-        _store_h(h0, scale, om, row_ok, oh, N, c_ptr, stride_cm, st)
-        _store_h(h1, scale, om, row_ok, oh + WN // 2, N, c_ptr, stride_cm, st)
+        _store_h(h0, scale, om, row_ok, oh, N, c_ptr, stride_cm, st, (OPT & 1) != 0)
+        _store_h(h1, scale, om, row_ok, oh + WN // 2, N, c_ptr, stride_cm, st, (OPT & 1) != 0)
         gl.store(cs_ptr + pid_n * stride_cs + om, scale, mask=row_ok)
     else:
         st2: gl.constexpr = gl.BlockedLayout([1, 8], [2, 16], [4, 1], [1, 0])
@@ -130,7 +130,8 @@ def _full_tile(p, pid_m, pid_n, e, it, WG: gl.constexpr, EPI: gl.constexpr, STAG
 
 
 @gluon.jit
-def _half_tile(p, pid_m, pid_n, e, it, hcount, WG: gl.constexpr, EPI: gl.constexpr, STAGES: gl.constexpr):
+def _half_tile(p, pid_m, pid_n, e, it, hcount, WG: gl.constexpr, EPI: gl.constexpr, OPT: gl.constexpr,
+               STAGES: gl.constexpr):
     """Rows 0-63 of the tile, weight block WG (the other consumer has the other block): K loop +
     epilogue; returns (it, hcount)."""
     (a_desc, b_desc, sa_desc, sb_desc, a_bufs, b_bufs, sa_bufs, sb_bufs, ready, empty, xbar, amax_smem, bias_ptr,
@@ -153,7 +154,7 @@ def _half_tile(p, pid_m, pid_n, e, it, hcount, WG: gl.constexpr, EPI: gl.constex
     n_ok = offs_n < N
     bias = gl.load(bias_ptr + e.to(gl.int64) * stride_biase + offs_n, mask=n_ok, other=0.0).to(gl.float32)
     if EPI == 1:
-        h = _swiglu(acc, bias, n_ok, limit, alpha)                                 # [HM, WN // 2]
+        h = _swiglu(acc, bias, n_ok, limit, alpha, (OPT & 1) != 0)                                 # [HM, WN // 2]
         xl: gl.constexpr = gl.BlockedLayout([1], [32], [4], [0])
         slot = hcount % 2
         amax_smem.index(slot * 2 + WG).store(gl.convert_layout(gl.max(gl.abs(h), axis=1), xl))
@@ -166,7 +167,7 @@ def _half_tile(p, pid_m, pid_n, e, it, hcount, WG: gl.constexpr, EPI: gl.constex
         om = m0 + gl.arange(0, HM, sl)
         row_ok = gl.load(sorted_ids_ptr + om) < num_pairs
         oh = n_w // 2 + gl.arange(0, WN // 2, gl.SliceLayout(0, st))
-        _store_h(h, scale, om, row_ok, oh, N, c_ptr, stride_cm, st)
+        _store_h(h, scale, om, row_ok, oh, N, c_ptr, stride_cm, st, (OPT & 1) != 0)
         if WG == 0:
             gl.store(cs_ptr + pid_n * stride_cs + om, scale, mask=row_ok)
         hcount += 1

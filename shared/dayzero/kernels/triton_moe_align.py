@@ -123,28 +123,33 @@ def _scatter_kernel(ids_ptr, cursor_ptr, sorted_ids_ptr, P, offset, E, CH: tl.co
 
 @triton.jit
 def _scatter_quant_kernel(ids_ptr, cursor_ptr, pend_ptr, sorted_ids_ptr, block_expert_ptr, x_ptr, q_ptr, s_ptr,
-                          P, offset, E, K, stride_xm, stride_qm, stride_st,
+                          P, offset, E, K, stride_xm, stride_qm, stride_st, row_progs,
                           TOPK: tl.constexpr, BM: tl.constexpr, EB: tl.constexpr, NG: tl.constexpr, G: tl.constexpr,
-                          span_ptr=None, SPAN: tl.constexpr = False):
-    """Programs [0, P): pair i takes a slot in its expert's run and writes its token's row of x there,
-    quantized 1x128 (q [Mpad, Kp] fp8, s_t [ceil(K/G), Mpad]; as ``triton_linear._quant_rows_kernel``).
-    Programs [P, P + num_blocks): the expert of M block b (-1 past the last run)."""
+                          R: tl.constexpr = 1, span_ptr=None, SPAN: tl.constexpr = False):
+    """Programs [0, row_progs): pairs [R * pid, R * pid + R) each take a slot in their expert's run and write
+    their token's row of x there, quantized 1x128 (q [Mpad, Kp] fp8, s_t [ceil(K/G), Mpad]; as
+    ``triton_linear._quant_rows_kernel``). The x rows are loaded and quantized before the slots are taken
+    (relaxed atomics; the row's load does not wait for the pair's expert id). Programs [row_progs, row_progs +
+    num_blocks): the expert of M block b (-1 past the last run)."""
     pid = tl.program_id(0)
-    if pid < P:
-        e = _local_expert(ids_ptr, pid, P, offset, E)
-        if e < E:
-            pos = tl.atomic_add(cursor_ptr + e, 1)
-            tl.store(sorted_ids_ptr + pos, pid)
-            cols = tl.arange(0, NG * G)
-            x = tl.load(x_ptr + (pid // TOPK).to(tl.int64) * stride_xm + cols, mask=cols < K, other=0.0)
-            xg = tl.reshape(x.to(tl.float32), (NG, G))
-            scale = tl.maximum(tl.max(tl.abs(xg), axis=1), SCALE_FLOOR) / FP8_MAX          # [NG]
-            q = tl.reshape(xg / scale[:, None], (NG * G,)).to(tl.float8e4nv)
-            tl.store(q_ptr + pos.to(tl.int64) * stride_qm + cols, q, mask=cols < tl.cdiv(K, G) * G)
-            g = tl.arange(0, NG)
-            tl.store(s_ptr + g * stride_st + pos, scale, mask=g < tl.cdiv(K, G))
+    if pid < row_progs:
+        i = pid * R + tl.arange(0, R)                                       # [R] pairs
+        e = _local_expert(ids_ptr, i, P, offset, E)
+        ok = e < E
+        cols = tl.arange(0, NG * G)
+        x = tl.load(x_ptr + (i // TOPK).to(tl.int64)[:, None] * stride_xm + cols[None, :],
+                    mask=(i < P)[:, None] & (cols < K)[None, :], other=0.0)      # not waiting for the ids
+        xg = tl.reshape(x.to(tl.float32), (R, NG, G))
+        scale = tl.maximum(tl.max(tl.abs(xg), axis=2), SCALE_FLOOR) / FP8_MAX           # [R, NG]
+        q = tl.reshape(xg / scale[:, :, None], (R, NG * G)).to(tl.float8e4nv)
+        pos = tl.atomic_add(cursor_ptr + tl.where(ok, e, 0), 1, mask=ok, sem="relaxed")
+        tl.store(sorted_ids_ptr + pos, i, mask=ok)
+        tl.store(q_ptr + pos.to(tl.int64)[:, None] * stride_qm + cols[None, :], q,
+                 mask=ok[:, None] & (cols < tl.cdiv(K, G) * G)[None, :])
+        g = tl.arange(0, NG)
+        tl.store(s_ptr + g[None, :] * stride_st + pos[:, None], scale, mask=ok[:, None] & (g < tl.cdiv(K, G))[None, :])
     else:
-        b = pid - P
+        b = pid - row_progs
         ex = tl.arange(0, EB)
         pend = tl.load(pend_ptr + ex, mask=ex < E, other=0)                 # run ends (non-decreasing)
         before = (pend <= b * BM) & (ex < E)
@@ -155,11 +160,15 @@ def _scatter_quant_kernel(ids_ptr, cursor_ptr, pend_ptr, sorted_ids_ptr, block_e
 
 
 def align_quant_pairs(x: torch.Tensor, ids: torch.Tensor, num_experts: int, block_m: int,
-                      offset: int = 0, span: bool = False) -> tuple[AlignedPairs, torch.Tensor, torch.Tensor]:
+                      offset: int = 0, span: bool = False,
+                      rows_per_prog: int = 1) -> tuple[AlignedPairs, torch.Tensor, torch.Tensor]:
     """``align_pairs`` and ``triton_linear.quantize_gathered_rows`` in three launches: x [T, K] bf16,
     ids [T, topk] -> (AlignedPairs, q [Mpad, Kp] fp8, s_t [ceil(K/128), Mpad] fp32); q / s_t rows of
     padding slots and empty blocks are left unwritten (see the module docstring). ``span``: also
-    ``block_span`` (as ``align_pairs``)."""
+    ``block_span`` (as ``align_pairs``). ``rows_per_prog`` (a power of 2): pairs quantized per program of the
+    scatter launch (bitwise the same rows and scales whatever it is)."""
+    if rows_per_prog < 1 or rows_per_prog & (rows_per_prog - 1):
+        raise ValueError(f"rows_per_prog must be a power of 2, got {rows_per_prog}")
     if ids.dim() != 2 or x.dim() != 2 or ids.shape[0] != x.shape[0]:
         raise ValueError(f"expected x [T, K] and ids [T, topk], got {tuple(x.shape)} and {tuple(ids.shape)}")
     ids = ids.contiguous()
@@ -187,10 +196,12 @@ def align_quant_pairs(x: torch.Tensor, ids: torch.Tensor, num_experts: int, bloc
         _scan_kernel[(1,)](counts, cursor, sorted_ids, block_expert, nchunks, E, P, nb,
                            BM=block_m, EB=eb, NBT=16, pend_ptr=pend, BLOCKS=False, CB=max(1, 4096 // eb),
                            num_warps=4)
-        _scatter_quant_kernel[(P + nb,)](ids, cursor, pend, sorted_ids, block_expert, x, q, s_t, P, offset, E, K,
-                                         x.stride(0), q.stride(0), s_t.stride(0), TOPK=ids.shape[1], BM=block_m,
-                                         EB=eb, NG=ng_p2, G=GROUP, span_ptr=block_span, SPAN=span,
-                                         num_warps=4 if ng_p2 <= 16 else 8)
+        progs = triton.cdiv(P, rows_per_prog)
+        _scatter_quant_kernel[(progs + nb,)](ids, cursor, pend, sorted_ids, block_expert, x, q, s_t, P, offset, E, K,
+                                             x.stride(0), q.stride(0), s_t.stride(0), progs, TOPK=ids.shape[1],
+                                             BM=block_m, EB=eb, NG=ng_p2, G=GROUP, R=rows_per_prog,
+                                             span_ptr=block_span, SPAN=span,
+                                             num_warps=4 if ng_p2 * rows_per_prog <= 16 else 8)
     else:
         block_expert.fill_(-1)
     al = AlignedPairs(sorted_ids=sorted_ids, block_expert=block_expert, num_pairs=P, block_m=block_m,
