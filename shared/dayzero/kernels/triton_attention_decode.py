@@ -156,6 +156,12 @@ DECODE_PRESETS = {
     "combine": {},                                                          # version 1 (the default before)
     "kernel": dict(MERGE="kernel", maxnreg=128),
     "kernel_strided_n64_s4": dict(MERGE="kernel", STRIDED=True, BLOCK_N=64, num_stages=4),
+    # version 3 (triton_attention_wslice.py): each warp its own slice of SUB keys of a num_warps * SUB tile
+    "wslice": dict(MERGE="kernel", STRIDED=True, WSLICE=True, BLOCK_N=64),
+    "wslice_s4": dict(MERGE="kernel", STRIDED=True, WSLICE=True, BLOCK_N=64, num_stages=4),
+    "wslice_sub32": dict(MERGE="kernel", STRIDED=True, WSLICE=True, BLOCK_N=128, SUB=32),
+    "wslice_w8": dict(MERGE="kernel", STRIDED=True, WSLICE=True, BLOCK_N=128, num_warps=8),
+    "wslice_w2": dict(MERGE="kernel", STRIDED=True, WSLICE=True, BLOCK_N=32, num_warps=2),
 }
 DEFAULT_PRESET = "kernel_strided_n64"
 # full-attention decode with ONE split (B * Hkv >= the SM count); DAYZERO_DECODE_ONESPLIT=<name> picks
@@ -164,6 +170,7 @@ ONESPLIT_PRESETS = {
     "default": {},                                                          # this module's kernel, BLOCK_N 128
     "strided_n64": dict(MERGE="kernel", STRIDED=True, BLOCK_N=64),
     "strided_n128_s2": dict(MERGE="kernel", STRIDED=True, BLOCK_N=128, num_stages=2),
+    "wslice": dict(MERGE="kernel", STRIDED=True, WSLICE=True, BLOCK_N=64),
 }
 DEFAULT_ONESPLIT = "default"
 # programmatic dependent launch where the KV is split (full and sliding layers): None = on when split,

@@ -222,6 +222,8 @@ def splitkv_decode(cfg: dict, num_splits: int, q, k, v, k_cache, v_cache, block_
     bn = cfg.pop("BLOCK_N")
     part_bf16 = bool(cfg.pop("PART_BF16", False))
     strided = bool(cfg.pop("STRIDED", False)) and window == 0
+    wslice = bool(cfg.pop("WSLICE", False)) and window == 0 and not part_bf16   # version 3 (full attention)
+    sub = cfg.pop("SUB", None)
     pdl = bool(pdl) and not interpreting()
     extra = dict(launch_pdl=True) if pdl else {}
     B, Hkv, D = cached_lens.shape[0], k.shape[1], q.shape[2]
@@ -234,14 +236,19 @@ def splitkv_decode(cfg: dict, num_splits: int, q, k, v, k_cache, v_cache, block_
         lp = torch.empty_like(mp)
         op = torch.empty((B, Hkv, num_splits, group, D), device=q.device,
                          dtype=torch.bfloat16 if part_bf16 else torch.float32)
-    _decode_split2_kernel[(num_splits, Hkv, B)](
-        q, k, v, k_cache, v_cache, block_tables, cu_seqlens_q, cached_lens, sinks, out, mp, lp, op,
-        q.stride(0), q.stride(1), k.stride(0), k.stride(1), v.stride(0), v.stride(1),
-        k_cache.stride(0), k_cache.stride(1), k_cache.stride(2),
-        v_cache.stride(0), v_cache.stride(1), v_cache.stride(2),
-        block_tables.stride(0), out.stride(0), out.stride(1), qk_scale, window, num_splits, block_tables.shape[1],
-        GROUP=group, G_P2=max(16, triton.next_power_of_2(group)), BS=k_cache.shape[1], HEAD_D=D, BLOCK_N=bn,
-        HAS_WINDOW=window > 0, PART_BF16=part_bf16, STRIDED=strided, SINGLE=single, PDL=pdl, **cfg, **extra)
+    if wslice:
+        from .triton_attention_wslice import launch_wslice
+        launch_wslice(dict(cfg, **({"SUB": sub} if sub else {})), num_splits, q, k, v, k_cache, v_cache,
+                      block_tables, cu_seqlens_q, cached_lens, sinks, out, mp, lp, op, qk_scale, pdl)
+    else:
+        _decode_split2_kernel[(num_splits, Hkv, B)](
+            q, k, v, k_cache, v_cache, block_tables, cu_seqlens_q, cached_lens, sinks, out, mp, lp, op,
+            q.stride(0), q.stride(1), k.stride(0), k.stride(1), v.stride(0), v.stride(1),
+            k_cache.stride(0), k_cache.stride(1), k_cache.stride(2),
+            v_cache.stride(0), v_cache.stride(1), v_cache.stride(2),
+            block_tables.stride(0), out.stride(0), out.stride(1), qk_scale, window, num_splits, block_tables.shape[1],
+            GROUP=group, G_P2=max(16, triton.next_power_of_2(group)), BS=k_cache.shape[1], HEAD_D=D, BLOCK_N=bn,
+            HAS_WINDOW=window > 0, PART_BF16=part_bf16, STRIDED=strided, SINGLE=single, PDL=pdl, **cfg, **extra)
     if single:
         return out
     _merge_kernel[(q.shape[1], B)](cu_seqlens_q, out, mp, lp, op, out.stride(0), out.stride(1), num_splits,
