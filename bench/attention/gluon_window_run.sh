@@ -1,11 +1,12 @@
 #!/usr/bin/env bash
-# Gluon sliding-window prefill (gluon_attention_window, opt-in) on the GPU in one device call (issue 5):
-# the configuration-free tests (schedule emulation, bad input), then per configuration of
-# GLUON_WINDOW_CONFIGS (default: RUN_CONFIGS), each in its own process at once under its own
+# Gluon sliding-window prefill (gluon_attention_window; the registered op's window-128 prefill path) on the GPU
+# in one device call (issue 5): the configuration-free tests (schedule emulation, bad input), then per
+# configuration of GLUON_WINDOW_CONFIGS (default: RUN_CONFIGS), each in its own process at once under its own
 # timeout (GLUON_WINDOW_TEST_S, default 70 s: a configuration that hangs costs only itself), the GPU tests of
-# tests/kernels/test_attention_gluon_window_gpu.py; then one timing process over the configurations that
-# passed beside the shipped Triton window kernel at 8k / 32k (gluon_window_bench.py, GLUON_WINDOW_BENCH_S,
-# default 70 s; GLUON_WINDOW_N=8192,... other lengths). Fits a 150 s device call.
+# tests/kernels/test_attention_gluon_window_gpu.py; with GLUON_WINDOW_REG_CFGS the registered op's suites next
+# (below); then one timing process over the configurations that passed beside the shipped Triton window kernel
+# and the registered op at 8k / 32k (gluon_window_bench.py, GLUON_WINDOW_BENCH_S, default 70 s;
+# GLUON_WINDOW_N=8192,... other lengths). Fits a 150 s device call (session 6 call 2: 72 s warm).
 # Writes $OUT/gluon_window.log, $OUT/gluon_window.json (rows; meta: commit, GPU, date) and
 # $OUT/gluon_window_parts.tgz (per-configuration pytest logs). Copy gluon_window.json to
 # bench/results/gluon-window-<date>.json afterwards.
@@ -32,8 +33,10 @@ for c in ${cfgs//,/ }; do
   ( DAYZERO_GLUON_WINDOW_CFGS=$c timeout -k 5 "${GLUON_WINDOW_TEST_S:-70}" "${pt[@]}" \
       -k "ragged or narrow or long or matches_emulation" > "$parts/test-$c.log" 2>&1; echo $? > "$parts/rc-$c" ) &
 done
-# GLUON_WINDOW_REG_CFGS=a,b (candidates for the registered op's default, DAYZERO_WINDOW_GLUON): the registered
-# op's window suites beside them: the dispatch tests under each candidate, test_attention_gpu.py's Gluon-path case
+wait
+# GLUON_WINDOW_REG_CFGS=a,b (candidates for the registered op's default, DAYZERO_WINDOW_GLUON): then the registered
+# op's window suites, in parallel with each other (not with the tests above: together they ran the GPU out of
+# memory in session 6's call 2): the dispatch tests under each candidate, test_attention_gpu.py's Gluon-path case
 # (window-128 ragged prefill) under each, and under the shipped default test_attention_gpu.py -k window and
 # test_attention_prefill_gpu.py whole (GLUON_WINDOW_REG_S, default 90 s each)
 reg="${GLUON_WINDOW_REG_CFGS:-}"

@@ -197,7 +197,7 @@ def _run(case, cfg_name: str) -> list[float]:
 
 
 # = gluon_attention_window.RUN_CONFIGS (checked below)
-ALL_CFGS = ["g4", "pk3s", "pk3s_d", "pk3s4", "pk2s4", "pk34", "pk3sp", "pk3s4p", "pk3s4p8"]
+ALL_CFGS = ["g4", "pk3s", "pk2s"]
 # DAYZERO_GLUON_WINDOW_CFGS=a,b: only these (gluon_window_run.sh tests one configuration per process)
 CFGS = [c for c in os.environ.get("DAYZERO_GLUON_WINDOW_CFGS", "").split(",") if c] or ALL_CFGS
 
