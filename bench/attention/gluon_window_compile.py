@@ -37,7 +37,7 @@ def check_packed(name: str, window: int = 128) -> dict:
     from triton.experimental.gluon._runtime import GluonASTSource
 
     from dayzero.kernels.gluon_attention_window import CONFIGS
-    from dayzero.kernels.gluon_attention_window_packed import window_packed_kernel as kern
+    from dayzero.kernels.gluon_attention_window_packed import _store_mode, window_packed_kernel as kern
 
     cfg = CONFIGS[name]
 
@@ -49,7 +49,11 @@ def check_packed(name: str, window: int = 128) -> dict:
                o_ptr="*bf16", qk_scale="fp32", q_ptr="*bf16", k_ptr="*bf16", v_ptr="*bf16")
     consts = dict(GROUP=8, S=cfg.stages, CONSUMER_REGS=cfg.consumer_regs, PRODUCER_REGS=cfg.producer_regs,
                   num_warps=4, NC=cfg.nc, SERIAL=cfg.serial, UPS=cfg.ups,
-                  DIRECT=cfg.direct_store, PF=cfg.prefetch)
+                  DIRECT=_store_mode(cfg), PF=cfg.prefetch)
+    if _store_mode(cfg) >= 2:
+        sig.update(od=desc(16))
+    else:
+        consts.update(od=None)   # what the JIT does with a None argument
     sig.update({k: "constexpr" for k in consts})
     attrs = {(i, ): [["tt.divisibility", 16]] for i, n in enumerate(kern.arg_names)
              if n in ("cu_ptr", "sink_ptr", "o_ptr", "stride_ot", "stride_oh", "q_ptr", "k_ptr", "v_ptr", "stride_qt",

@@ -113,7 +113,16 @@ CONFIGS = {"w2": GluonWindowConfig(),                                           
            "pk3sp": GluonWindowPackedConfig(nc=3, serial=True, consumer_regs=160, producer_regs=32, maxnreg=128,
                                             direct_store=True, prefetch=4),
            "pk3s4p8": GluonWindowPackedConfig(nc=3, serial=True, consumer_regs=160, producer_regs=32, maxnreg=128,
-                                              direct_store=True, stages=4, prefetch=8)}
+                                              direct_store=True, stages=4, prefetch=8),
+           # session 6, CPU only (never run on a GPU): O of whole units leaves by TMA from a staging buffer per
+           # warpgroup (no LSU stores, no layout conversion); the partial last unit of a sequence stored masked
+           "pk3st": GluonWindowPackedConfig(nc=3, serial=True, consumer_regs=160, producer_regs=24, maxnreg=128,
+                                            tma_store=True),
+           # ... and through the item's own Q box instead (no staging buffer: 3 slots 156 KB, 4 slots 208 KB)
+           "pk3sq": GluonWindowPackedConfig(nc=3, serial=True, consumer_regs=160, producer_regs=24, maxnreg=128,
+                                            store_via_q=True),
+           "pk3sq4": GluonWindowPackedConfig(nc=3, serial=True, consumer_regs=160, producer_regs=24, maxnreg=128,
+                                             store_via_q=True, stages=4)}
 DEFAULT = CONFIGS["w2"]
 # what gluon_window_run.sh tests and times by default: version 1's best (g4) beside version 2's two best (pk3s: the
 # registered op's default since session 6; pk2s). Session 6 (bench/NOTES.md "Gluon window on the GPU"): pk3 /

@@ -83,6 +83,8 @@ class GluonWindowPackedConfig:
     serial: bool = False      # True: no PV in flight across items inside a warpgroup (``_pk_consumer_serial``)
     ups: int = 1              # units a ring slot: 1 (144 keys a row) or 2 (160 keys a row, half the K/V bytes)
     direct_store: bool = False  # O stored from the wgmma layout: no 8 KB a warpgroup of conversion scratch
+    tma_store: bool = False   # serial only: O staged in a [64, 64] buffer a warpgroup, whole units leave by TMA
+    store_via_q: bool = False  # serial only: the same through the item's own Q box (no staging: 4 slots fit)
     prefetch: int = 0         # > 0: the producer prefetches slot v + prefetch's Q / K / V rows into L2 (no smem)
 
     nwg = 2                   # head quads a unit (GQA group 8 = 2 x 4 heads)
@@ -165,6 +167,38 @@ def _pk_store(o, l_i, o_ptr, q_start, q_len, t0, hbase, stride_ot, stride_oh, DI
     ptrs = o_ptr + gl.expand_dims((q_start + tok).to(gl.int64) * stride_ot + head * stride_oh, 1) \
         + gl.expand_dims(col, 0)
     gl.store(ptrs, out, mask=gl.expand_dims((tok < q_len) & (t0 >= 0), 1))
+
+
+@gluon.jit
+def _pk_store_tma(o, l_i, od, buf, o_ptr, q_start, q_len, t0, hbase, stride_ot, stride_oh,
+                  WAIT_PREV: gl.constexpr = True):
+    """O / l [WM, HD] of an item through the warpgroup's staging buffer ``buf`` [WM, HD] (the Q boxes' 128-byte
+    swizzled layout): a whole unit (t0 + 16 <= q_len) leaves as 4 TMA stores of [16, 64] (one a head: rows
+    16 hh .. are head hbase + hh, tokens t0 ..; asynchronous, whole 128-byte lines, no LSU stores); the
+    sequence's last, partial unit is read back in 16-byte rows and stored masked (TMA would write the rows past
+    the sequence, which belong to the next one). WAIT_PREV: the previous item's stores must have read ``buf``
+    first (a staging buffer reused item after item; not when ``buf`` is the item's own Q box)."""
+    inv = gl.convert_layout(1.0 / l_i, gl.SliceLayout(1, o.type.layout))
+    val = (o * gl.expand_dims(inv, 1)).to(gl.bfloat16)
+    if WAIT_PREV:
+        tma.store_wait(0)                # (the issuing thread) the previous item's stores have read buf
+        gl.thread_barrier()              # ... before any thread of the warpgroup overwrites it
+    buf.store(val)
+    fence_async_shared()
+    gl.thread_barrier()                  # every thread's rows are in buf before the TMA stores read it
+    if t0 + TPU <= q_len:
+        for hh in gl.static_range(HPW):
+            tma.async_copy_shared_to_global(od, [q_start + t0, (hbase + hh) * HD], buf.slice(hh * TPU, TPU))
+    else:
+        st: gl.constexpr = gl.BlockedLayout([1, 8], [4, 8], [4, 1], [1, 0])    # 16-byte stores, 8 threads a row
+        out = buf.load(st)
+        r = gl.arange(0, WM, gl.SliceLayout(1, st))
+        tok = t0 + r % TPU
+        head = hbase + r // TPU
+        col = gl.arange(0, HD, gl.SliceLayout(0, st))
+        ptrs = o_ptr + gl.expand_dims((q_start + tok).to(gl.int64) * stride_ot + head * stride_oh, 1) \
+            + gl.expand_dims(col, 0)
+        gl.store(ptrs, out, mask=gl.expand_dims(tok < q_len, 1))
 
 
 @gluon.jit
@@ -264,7 +298,7 @@ def _pk_consumer(p, WG: gl.constexpr, NC: gl.constexpr, S: gl.constexpr, UPS: gl
 
 @gluon.jit
 def _pk_consumer_serial(p, WG: gl.constexpr, NC: gl.constexpr, S: gl.constexpr, UPS: gl.constexpr,
-                        DIRECT: gl.constexpr):
+                        DIRECT: gl.constexpr, st):
     """``_pk_consumer`` without the cross-item overlap inside a warpgroup (S, softmax, PV, store in turn: no P
     or O in flight while S is live, so 3 warpgroups fit 160 registers); the tensor core and the exps overlap
     across the warpgroups only. Each item's slot arrival right after its PV."""
@@ -293,45 +327,60 @@ def _pk_consumer_serial(p, WG: gl.constexpr, NC: gl.constexpr, S: gl.constexpr, 
                           is_async=True)
         o = warpgroup_mma(_to_a(prd, o_l), vdg.index(s), o, is_async=True)
         o = warpgroup_mma_wait(0, deps=(o, ))
+        if DIRECT == 3:                  # O leaves through the item's own Q box (its QK^T is done): no staging
+            _pk_store_tma(o, l_i, st[0], q_s, o_ptr, q_start, q_len, t0s + j * TPU, h0 + half * HPW, stride_ot,
+                          stride_oh, False)
+            tma.store_wait(0)            # the stores have read the box before the slot is released
+            gl.thread_barrier()
         fence_async_shared()
         mbarrier.arrive(empty.index(s))
-        _pk_store(o, l_i, o_ptr, q_start, q_len, t0s + j * TPU, h0 + half * HPW, stride_ot, stride_oh, DIRECT)
+        if DIRECT == 2:
+            _pk_store_tma(o, l_i, st[0], st[1].index(WG), o_ptr, q_start, q_len, t0s + j * TPU, h0 + half * HPW,
+                          stride_ot, stride_oh)
+        elif DIRECT < 2:
+            _pk_store(o, l_i, o_ptr, q_start, q_len, t0s + j * TPU, h0 + half * HPW, stride_ot, stride_oh,
+                      DIRECT == 1)
+    if DIRECT == 2:
+        tma.store_wait(0)                # every store issued has read its buffer before the CTA exits
 
 
 @gluon.jit
 def _pk_consumer_any(p, WG: gl.constexpr, NC: gl.constexpr, S: gl.constexpr, SERIAL: gl.constexpr,
-                     UPS: gl.constexpr, DIRECT: gl.constexpr):
+                     UPS: gl.constexpr, DIRECT: gl.constexpr, st):
     if SERIAL:
-        _pk_consumer_serial(p, WG, NC, S, UPS, DIRECT)
+        _pk_consumer_serial(p, WG, NC, S, UPS, DIRECT, st)
     else:
-        _pk_consumer(p, WG, NC, S, UPS, DIRECT)
+        _pk_consumer(p, WG, NC, S, UPS, DIRECT == 1)
 
 
 @gluon.jit
 def _pk_consumer0(p, NC: gl.constexpr, S: gl.constexpr, SERIAL: gl.constexpr, UPS: gl.constexpr,
-                  DIRECT: gl.constexpr):
-    _pk_consumer_any(p, 0, NC, S, SERIAL, UPS, DIRECT)
+                  DIRECT: gl.constexpr, st):
+    _pk_consumer_any(p, 0, NC, S, SERIAL, UPS, DIRECT, st)
 
 
 @gluon.jit
 def _pk_consumer1(p, NC: gl.constexpr, S: gl.constexpr, SERIAL: gl.constexpr, UPS: gl.constexpr,
-                  DIRECT: gl.constexpr):
-    _pk_consumer_any(p, 1, NC, S, SERIAL, UPS, DIRECT)
+                  DIRECT: gl.constexpr, st):
+    _pk_consumer_any(p, 1, NC, S, SERIAL, UPS, DIRECT, st)
 
 
 @gluon.jit
 def _pk_consumer2(p, NC: gl.constexpr, S: gl.constexpr, SERIAL: gl.constexpr, UPS: gl.constexpr,
-                  DIRECT: gl.constexpr):
-    _pk_consumer_any(p, 2, NC, S, SERIAL, UPS, DIRECT)
+                  DIRECT: gl.constexpr, st):
+    _pk_consumer_any(p, 2, NC, S, SERIAL, UPS, DIRECT, st)
 
 
 @gluon.jit
 def window_packed_kernel(qd, kd, kdd, vd, vdd, cu_ptr, sink_ptr, o_ptr, stride_ot, stride_oh, qk_scale, window,
-                         units_per_cta, q_ptr, k_ptr, v_ptr, stride_qt, stride_kt, stride_vt, GROUP: gl.constexpr,
+                         units_per_cta, q_ptr, k_ptr, v_ptr, stride_qt, stride_kt, stride_vt, od, GROUP: gl.constexpr,
                          S: gl.constexpr, CONSUMER_REGS: gl.constexpr, PRODUCER_REGS: gl.constexpr,
                          num_warps: gl.constexpr, NC: gl.constexpr = 2, SERIAL: gl.constexpr = False,
                          UPS: gl.constexpr = 1, DIRECT: gl.constexpr = False, PF: gl.constexpr = 0):
-    """Grid (KV heads, chunks of ``units_per_cta`` units of 16 tokens (a multiple of UPS), sequences)."""
+    """Grid (KV heads, chunks of ``units_per_cta`` units of 16 tokens (a multiple of UPS), sequences). DIRECT: how
+    O is stored (0 through a layout conversion, 1 from the wgmma layout, 2 TMA from a staging buffer per consumer
+    warpgroup, 3 TMA from the item's Q box, released after the stores read it; 2 and 3: ``od`` the descriptor of
+    out's [16, 64] boxes, None otherwise)."""
     NWG: gl.constexpr = GROUP // HPW     # head quads a unit (2)
     hkv = gl.program_id(0)
     b = gl.program_id(2)
@@ -346,6 +395,11 @@ def window_packed_kernel(qd, kd, kdd, vd, vdd, cu_ptr, sink_ptr, o_ptr, stride_o
     kdg = gl.allocate_shared_memory(gl.bfloat16, [S, UPS * TPU, HD], kdd.layout)
     vm = gl.allocate_shared_memory(gl.bfloat16, [S, 128, HD], vd.layout)
     vdg = gl.allocate_shared_memory(gl.bfloat16, [S, UPS * TPU, HD], vdd.layout)
+    if DIRECT == 2:
+        o_stage = gl.allocate_shared_memory(gl.bfloat16, [NC, WM, HD], qd.layout)
+    else:
+        o_stage = q_smem                                                         # (unused: no allocation)
+    st = (od, o_stage)
     ready = gl.allocate_shared_memory(gl.int64, [S, 1], mbarrier.MBarrierLayout())
     empty = gl.allocate_shared_memory(gl.int64, [S, 1], mbarrier.MBarrierLayout())
     for i in gl.static_range(S):
@@ -357,15 +411,22 @@ def window_packed_kernel(qd, kd, kdd, vd, vdd, cu_ptr, sink_ptr, o_ptr, stride_o
     pf = (q_ptr, k_ptr, v_ptr, stride_qt, stride_kt, stride_vt)
     # (constexprs written out in each tuple: a shared tuple of them would turn them into tensors)
     if NC == 2:
-        gl.warp_specialize([(_pk_consumer0, (p, NC, S, SERIAL, UPS, DIRECT)),
-                            (_pk_consumer1, (p, NC, S, SERIAL, UPS, DIRECT)),
+        gl.warp_specialize([(_pk_consumer0, (p, NC, S, SERIAL, UPS, DIRECT, st)),
+                            (_pk_consumer1, (p, NC, S, SERIAL, UPS, DIRECT, st)),
                             (_pk_producer, (p, NWG, S, UPS, PF, pf, GROUP))], [4, 1], [CONSUMER_REGS, PRODUCER_REGS])
     else:
-        gl.warp_specialize([(_pk_consumer0, (p, NC, S, SERIAL, UPS, DIRECT)),
-                            (_pk_consumer1, (p, NC, S, SERIAL, UPS, DIRECT)),
-                            (_pk_consumer2, (p, NC, S, SERIAL, UPS, DIRECT)),
+        gl.warp_specialize([(_pk_consumer0, (p, NC, S, SERIAL, UPS, DIRECT, st)),
+                            (_pk_consumer1, (p, NC, S, SERIAL, UPS, DIRECT, st)),
+                            (_pk_consumer2, (p, NC, S, SERIAL, UPS, DIRECT, st)),
                             (_pk_producer, (p, NWG, S, UPS, PF, pf, GROUP))], [4, 4, 1],
                            [CONSUMER_REGS, CONSUMER_REGS, PRODUCER_REGS])
+
+
+def _store_mode(cfg: GluonWindowPackedConfig) -> int:
+    """The kernel's DIRECT constexpr: 0 layout conversion, 1 wgmma layout, 2 TMA via staging, 3 TMA via the Q box."""
+    if (cfg.tma_store or cfg.store_via_q) and not cfg.serial:
+        raise ValueError(f"TMA stores of O are built for the serial consumers only; config {cfg}")
+    return 3 if cfg.store_via_q else 2 if cfg.tma_store else int(cfg.direct_store)
 
 
 def window_packed_attention(q, k, v, cu_seqlens_q, sinks, scale: float, window: int, max_seqlen_q: int,
@@ -384,11 +445,14 @@ def window_packed_attention(q, k, v, cu_seqlens_q, sinks, scale: float, window: 
     window_packed_kernel[(hkv, n_chunks, B)](_box_desc(q, PK_TOK), _box_desc(k, 128), _box_desc(k, dw),
                                              _box_desc(v, 128), _box_desc(v, dw), cu_seqlens_q, sinks, out,
                                              out.stride(0), out.stride(1), scale * LOG2E, window, per, q, k, v,
-                                             q.stride(0), k.stride(0), v.stride(0), GROUP=Hq // hkv,
+                                             q.stride(0), k.stride(0), v.stride(0),
+                                             _box_desc(out, PK_TOK) if _store_mode(cfg) >= 2 else None,
+                                             GROUP=Hq // hkv,
                                              S=cfg.stages, CONSUMER_REGS=cfg.consumer_regs,
                                              PRODUCER_REGS=cfg.producer_regs, num_warps=4, maxnreg=cfg.maxnreg,
                                              NC=cfg.nc, SERIAL=cfg.serial, UPS=cfg.ups,
-                                             DIRECT=cfg.direct_store, PF=cfg.prefetch)
+                                             DIRECT=_store_mode(cfg),
+                                             PF=cfg.prefetch)
     return out
 
 
