@@ -176,6 +176,24 @@ def test_check_window_supported_refuses():
         check_window_supported(odd.q, odd.k, odd.v, torch.empty_like(odd.q), 128)
 
 
+def test_registered_window_choice_env(monkeypatch):
+    """The registered op's switch (needs triton to import, no GPU): DAYZERO_WINDOW_GLUON=0 / empty is off, an
+    unknown name raises, and CPU tensors never take the Gluon kernel."""
+    pytest.importorskip("triton", reason="the registered op's module needs triton")
+    from dayzero.kernels.triton_attention_prefill import WINDOW_GLUON_ENV, gluon_window_choice
+
+    case = make_case([40], [0], window=128, device="cpu")
+    args = (case.q, case.k, case.v, case.q, 128, None, case.cached_lens, 0)
+    for off in ("0", ""):
+        monkeypatch.setenv(WINDOW_GLUON_ENV, off)
+        assert gluon_window_choice(*args) is None
+    monkeypatch.setenv(WINDOW_GLUON_ENV, "no_such_config")
+    with pytest.raises(ValueError, match="not a Gluon window configuration"):
+        gluon_window_choice(*args)
+    monkeypatch.delenv(WINDOW_GLUON_ENV)
+    assert gluon_window_choice(*args) is None                      # not on a GPU
+
+
 # ---------------------------------------------------------------- GPU ----
 
 def _gluon():

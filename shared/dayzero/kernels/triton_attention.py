@@ -8,6 +8,8 @@
   * otherwise prefill / chunked prefill / mixed batches: for sliding-window layers (window <= 256,
     power-of-two GQA group) the loop-free window kernel (triton_attention_window.py), else the
     flash kernel (triton_attention_prefill.py). ``config={"KERNEL": "flash"}`` forces the latter.
+    Window-128 prefill without a cached prefix (D 64, bf16, GQA group 8, sm_90, no config) runs the Gluon
+    window kernel instead (``triton_attention_prefill.gluon_window_choice``; DAYZERO_WINDOW_GLUON=0: off).
 Optional keyword arguments make a call free of host syncs (needed inside CUDA graphs):
 ``max_seqlen_q`` (largest new-token count; sizes the grid and picks the kernel) and, for decode,
 ``num_splits`` or ``max_seqlen_k`` (largest cached length, used to choose ``num_splits``). Without
