@@ -1,15 +1,16 @@
-"""Decode attention, session 6: the shipped split-KV kernel (version 2, ``strided_n64``) beside the warp-slice
-kernel (version 3, triton_attention_wslice.py) and its tile variants, at the latency-bound batches (B = 1 / 8)
-and a one-split batch (B = 64 / 1k), split counts around the heuristic's. Every call is the registered op
-(split kernel + merge, PDL where the KV is split, as shipped). Three timings per row, all on distinct KV
-memory per call (rotating page tables over a pool larger than L2):
+"""Decode attention, session 6: the shipped split-KV kernel (version 2, strided BLOCK_N 64, grid (S, Hkv, B))
+beside candidates at the latency-bound batches (B = 1 / 8), split counts around the heuristic's: the same
+kernel with grid (Hkv, S, B) (``HEAD_MAJOR``: the 8 KV-head programs of a split, which read the 8 128-byte
+pieces of the same 1 KB token rows, launched side by side) and 128-key strided tiles. Every call is the
+registered op (split kernel + merge, PDL where the KV is split, as shipped). Timings per row, all on
+distinct KV memory per call (rotating page tables over a pool larger than L2):
   * ``us``: R calls captured back to back in one CUDA graph, replayed; time per call (the session-5 figures);
   * ``one_us`` (heuristic split count): up to 16 graphs of ONE call each, replayed one after another with
     events around each replay; median per replay (one call from an idle stream, graph launch included);
   * ``writer_us`` (heuristic split count): R calls, each behind a plain kernel that writes q (as rope does
-    in the engine), back to back in one graph, minus that kernel alone.
-For version 3 at the heuristic count also the split kernel alone (``split_us``: what the merge costs).
-Prints one line per case and writes ``$OUT/decode-s6.json`` (run metadata from attn_common.run_meta).
+    in the engine), back to back in one graph, minus that kernel alone;
+  * ``split_us`` (heuristic split count, split-KV configs): the split kernel alone (no merge), back to back.
+Prints one line per row and writes ``$OUT/decode-s6.json`` (run metadata from attn_common.run_meta).
 
     PYTHONPATH=shared python3 bench/attention/bench_decode_s6.py [--plan 1:32768,8:1024] [--configs a,b]
 """
@@ -29,15 +30,15 @@ sys.path.insert(0, str(pathlib.Path(__file__).resolve().parent))
 from attn_common import BS, D, HKV, HQ, copy_bandwidth, decode_problem, graph_time_ms, run_meta  # noqa: E402
 
 from dayzero.kernels.triton_attention import attention  # noqa: E402
-from dayzero.kernels.triton_attention_decode import DECODE_PRESETS, choose_num_splits  # noqa: E402
+from dayzero.kernels.triton_attention_decode import DECODE_PRESETS, choose_num_splits, default_decode_config  # noqa: E402,E501
 from dayzero.kernels.triton_attention_prefill import LOG2E  # noqa: E402
-from dayzero.kernels.triton_attention_wslice import launch_wslice  # noqa: E402
+from dayzero.kernels.triton_attention_splitkv import splitkv_decode  # noqa: E402
 
 SCALE = D ** -0.5
-PLAN = [(1, 1024), (1, 8192), (1, 32768), (1, 131072), (8, 1024), (8, 8192), (64, 1024)]
+PLAN = [(1, 1024), (1, 8192), (1, 32768), (1, 131072), (8, 1024), (8, 8192)]
 CFGS = {"default": None}   # the shipped op (version 2 + merge, PDL where split)
-CFGS.update({name: dict(DECODE_PRESETS[name]) for name in ("wslice", "wslice_s4", "wslice_sub32",
-                                                           "wslice_w8")})
+CFGS.update({name: dict(DECODE_PRESETS[name]) for name in ("kernel_strided_n64_hm", "kernel_strided_n128",
+                                                           "kernel_strided_n128_hm")})
 
 
 def one_call_ms(fns: list, samples: int = 3) -> float:
@@ -112,14 +113,14 @@ def main() -> int:
                         row["one_us"] = one_call_ms(calls[:16]) * 1e3
                         behind = [lambda f=f: (q.mul_(1.0), f()) for f in calls]
                         row["writer_us"] = graph_time_ms(behind) * 1e3 - writer_alone
-                    if ns == heur and ns > 1 and cfg is not None and cfg.get("WSLICE"):
-                        mp = torch.empty((B, HKV, ns, HQ // HKV), device="cuda")
-                        lp, op = torch.empty_like(mp), torch.empty((B, HKV, ns, HQ // HKV, D), device="cuda")
-                        kcfg = {k_: v_ for k_, v_ in cfg.items()
-                                if k_ in ("SUB", "num_warps", "num_stages", "maxnreg")}
-                        split = [lambda t=tables[r]: launch_wslice(
-                            kcfg, ns, q, k, v, k_pool, v_pool, t, cu, cl, sinks, out, mp, lp, op,
-                            SCALE * LOG2E, True) for r in range(R)]
+                    if ns == heur and ns > 1:   # the split kernel alone (the shipped preset for "default")
+                        kcfg = dict(default_decode_config(D, 0, split=True), PDL=None)
+                        kcfg.update(cfg or {})
+                        for key in ("MERGE", "PDL"):
+                            kcfg.pop(key)
+                        split = [lambda t=tables[r], kcfg=kcfg, ns=ns: splitkv_decode(
+                            kcfg, ns, q, k, v, k_pool, v_pool, t, cu, cl, sinks, SCALE * LOG2E, 0, out, pdl=True,
+                            merge=False) for r in range(R)]
                         row["split_us"] = graph_time_ms(split) * 1e3
                 except Exception as e:  # a failing variant is reported, the rest still run
                     res.append(dict(kind="error", config=name, batch=B, context=L, num_splits=ns,

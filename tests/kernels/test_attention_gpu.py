@@ -121,13 +121,10 @@ DECODE_VARIANTS = {  # the decode configs the benchmark may pick (PDL: programma
     # one split through the strided split-KV kernel (SINGLE: it writes the output itself)
     "strided_n128": dict(MERGE="kernel", STRIDED=True, BLOCK_N=128),
     "strided_n64_s4": dict(MERGE="kernel", STRIDED=True, BLOCK_N=64, num_stages=4),
-    # version 3 (triton_attention_wslice): one slice of keys per warp; split counts 3 / 64 / 132 and one split
-    "wslice": dict(MERGE="kernel", STRIDED=True, WSLICE=True, BLOCK_N=64),
-    "wslice_pdl": dict(MERGE="kernel", STRIDED=True, WSLICE=True, BLOCK_N=64, PDL=True),
-    "wslice_s4": dict(MERGE="kernel", STRIDED=True, WSLICE=True, BLOCK_N=64, num_stages=4),
-    "wslice_sub32": dict(MERGE="kernel", STRIDED=True, WSLICE=True, BLOCK_N=128, SUB=32),
-    "wslice_w8": dict(MERGE="kernel", STRIDED=True, WSLICE=True, BLOCK_N=128, num_warps=8),
-    "wslice_w2": dict(MERGE="kernel", STRIDED=True, WSLICE=True, BLOCK_N=32, num_warps=2),
+    # session 6: grid (Hkv, S, B) (the KV heads of a split side by side); 128-key strided tiles
+    "strided_n64_hm": dict(MERGE="kernel", STRIDED=True, BLOCK_N=64, HEAD_MAJOR=True),
+    "strided_n64_hm_pdl": dict(MERGE="kernel", STRIDED=True, BLOCK_N=64, HEAD_MAJOR=True, PDL=True),
+    "strided_n128_hm": dict(MERGE="kernel", STRIDED=True, BLOCK_N=128, HEAD_MAJOR=True),
 }
 
 
@@ -227,7 +224,7 @@ def test_decode_cuda_graph_replay(pdl):
 PDL_TWINS = {  # decode paths whose PDL launch must give the no-PDL launch's bits
     "strided": dict(MERGE="kernel", STRIDED=True, BLOCK_N=64),
     "combine": dict(MERGE="combine"),
-    "wslice": dict(MERGE="kernel", STRIDED=True, WSLICE=True, BLOCK_N=64),
+    "strided_hm": dict(MERGE="kernel", STRIDED=True, BLOCK_N=64, HEAD_MAJOR=True),
 }
 
 

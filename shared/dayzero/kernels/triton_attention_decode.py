@@ -156,12 +156,11 @@ DECODE_PRESETS = {
     "combine": {},                                                          # version 1 (the default before)
     "kernel": dict(MERGE="kernel", maxnreg=128),
     "kernel_strided_n64_s4": dict(MERGE="kernel", STRIDED=True, BLOCK_N=64, num_stages=4),
-    # version 3 (triton_attention_wslice.py): each warp its own slice of SUB keys of a num_warps * SUB tile
-    "wslice": dict(MERGE="kernel", STRIDED=True, WSLICE=True, BLOCK_N=64),
-    "wslice_s4": dict(MERGE="kernel", STRIDED=True, WSLICE=True, BLOCK_N=64, num_stages=4),
-    "wslice_sub32": dict(MERGE="kernel", STRIDED=True, WSLICE=True, BLOCK_N=128, SUB=32),
-    "wslice_w8": dict(MERGE="kernel", STRIDED=True, WSLICE=True, BLOCK_N=128, num_warps=8),
-    "wslice_w2": dict(MERGE="kernel", STRIDED=True, WSLICE=True, BLOCK_N=32, num_warps=2),
+    # session 6 candidates: the KV heads of a split launched side by side (they read the same token rows:
+    # one DRAM row a token, 128 B per head); 128-key tiles
+    "kernel_strided_n64_hm": dict(MERGE="kernel", STRIDED=True, BLOCK_N=64, HEAD_MAJOR=True),
+    "kernel_strided_n128": dict(MERGE="kernel", STRIDED=True, BLOCK_N=128),
+    "kernel_strided_n128_hm": dict(MERGE="kernel", STRIDED=True, BLOCK_N=128, HEAD_MAJOR=True),
 }
 DEFAULT_PRESET = "kernel_strided_n64"
 # full-attention decode with ONE split (B * Hkv >= the SM count); DAYZERO_DECODE_ONESPLIT=<name> picks
@@ -170,7 +169,7 @@ ONESPLIT_PRESETS = {
     "default": {},                                                          # this module's kernel, BLOCK_N 128
     "strided_n64": dict(MERGE="kernel", STRIDED=True, BLOCK_N=64),
     "strided_n128_s2": dict(MERGE="kernel", STRIDED=True, BLOCK_N=128, num_stages=2),
-    "wslice": dict(MERGE="kernel", STRIDED=True, WSLICE=True, BLOCK_N=64),
+    "strided_n64_hm": dict(MERGE="kernel", STRIDED=True, BLOCK_N=64, HEAD_MAJOR=True),
 }
 DEFAULT_ONESPLIT = "default"
 # programmatic dependent launch where the KV is split (full and sliding layers): None = on when split,
@@ -248,7 +247,7 @@ class DecodePlan:
         B = cached_lens.shape[0]
         cfg = dict(default_decode_config(D, window, split=False))   # this module's kernels
         cfg.update(config or {})
-        for key in ("MERGE", "PART_BF16", "STRIDED"):
+        for key in ("MERGE", "PART_BF16", "STRIDED", "HEAD_MAJOR"):
             cfg.pop(key, None)
         if not cfg.get("maxnreg", 1):
             cfg.pop("maxnreg")

@@ -109,14 +109,20 @@ def _decode_split2_kernel(q_ptr, k_ptr, v_ptr, kc_ptr, vc_ptr, bt_ptr, cu_ptr, c
                           stride_bt, stride_ot, stride_oh, qk_scale, window, num_splits, bt_cols,
                           GROUP: tl.constexpr, G_P2: tl.constexpr, BS: tl.constexpr, HEAD_D: tl.constexpr,
                           BLOCK_N: tl.constexpr, HAS_WINDOW: tl.constexpr, PART_BF16: tl.constexpr,
-                          STRIDED: tl.constexpr, SINGLE: tl.constexpr, PDL: tl.constexpr):
+                          STRIDED: tl.constexpr, SINGLE: tl.constexpr, PDL: tl.constexpr,
+                          HEAD_MAJOR: tl.constexpr = False):
     if PDL:  # nothing is read before the previous grid is done and visible; then the merge may launch
         gdc_wait()
         gdc_launch_dependents()
-    s = tl.program_id(0)
-    hkv = tl.program_id(1)
+    if HEAD_MAJOR:  # grid (Hkv, S, B): the KV heads of one split launch side by side
+        hkv = tl.program_id(0)
+        s = tl.program_id(1)
+        n_kv = tl.num_programs(0)
+    else:           # grid (S, Hkv, B)
+        s = tl.program_id(0)
+        hkv = tl.program_id(1)
+        n_kv = tl.num_programs(1)
     b = tl.program_id(2)
-    n_kv = tl.num_programs(1)
     offs_n = tl.arange(0, BLOCK_N)
     bt_row = bt_ptr + b.to(tl.int64) * stride_bt
     q_row = tl.load(cu_ptr + b)
@@ -214,16 +220,17 @@ def _merge_kernel(cu_ptr, o_ptr, mp_ptr, lp_ptr, op_ptr, stride_ot, stride_oh, n
 
 
 def splitkv_decode(cfg: dict, num_splits: int, q, k, v, k_cache, v_cache, block_tables, cu_seqlens_q,
-                   cached_lens, sinks, qk_scale: float, window: int, out: torch.Tensor, pdl: bool = False) -> torch.Tensor:
+                   cached_lens, sinks, qk_scale: float, window: int, out: torch.Tensor, pdl: bool = False,
+                   merge: bool = True) -> torch.Tensor:
     """Split kernel, then ``_merge_kernel`` (``cfg``: BLOCK_N, STRIDED (full attention only), PART_BF16,
-    num_warps, num_stages, maxnreg). ``num_splits == 1``: the split kernel alone writes ``out``.
-    ``pdl``: both kernels launched with programmatic dependent launch (ignored by the interpreter)."""
+    HEAD_MAJOR (grid (Hkv, S, B) instead of (S, Hkv, B)), num_warps, num_stages, maxnreg). ``num_splits == 1``: the split kernel alone writes ``out``.
+    ``pdl``: both kernels launched with programmatic dependent launch (ignored by the interpreter).
+    ``merge=False`` (benchmarks only: the split kernel's time alone) leaves the partials unmerged."""
     cfg = dict(cfg)
     bn = cfg.pop("BLOCK_N")
     part_bf16 = bool(cfg.pop("PART_BF16", False))
     strided = bool(cfg.pop("STRIDED", False)) and window == 0
-    wslice = bool(cfg.pop("WSLICE", False)) and window == 0 and not part_bf16   # version 3 (full attention)
-    sub = cfg.pop("SUB", None)
+    head_major = bool(cfg.pop("HEAD_MAJOR", False))
     pdl = bool(pdl) and not interpreting()
     extra = dict(launch_pdl=True) if pdl else {}
     B, Hkv, D = cached_lens.shape[0], k.shape[1], q.shape[2]
@@ -236,20 +243,17 @@ def splitkv_decode(cfg: dict, num_splits: int, q, k, v, k_cache, v_cache, block_
         lp = torch.empty_like(mp)
         op = torch.empty((B, Hkv, num_splits, group, D), device=q.device,
                          dtype=torch.bfloat16 if part_bf16 else torch.float32)
-    if wslice:
-        from .triton_attention_wslice import launch_wslice
-        launch_wslice(dict(cfg, **({"SUB": sub} if sub else {})), num_splits, q, k, v, k_cache, v_cache,
-                      block_tables, cu_seqlens_q, cached_lens, sinks, out, mp, lp, op, qk_scale, pdl)
-    else:
-        _decode_split2_kernel[(num_splits, Hkv, B)](
-            q, k, v, k_cache, v_cache, block_tables, cu_seqlens_q, cached_lens, sinks, out, mp, lp, op,
-            q.stride(0), q.stride(1), k.stride(0), k.stride(1), v.stride(0), v.stride(1),
-            k_cache.stride(0), k_cache.stride(1), k_cache.stride(2),
-            v_cache.stride(0), v_cache.stride(1), v_cache.stride(2),
-            block_tables.stride(0), out.stride(0), out.stride(1), qk_scale, window, num_splits, block_tables.shape[1],
-            GROUP=group, G_P2=max(16, triton.next_power_of_2(group)), BS=k_cache.shape[1], HEAD_D=D, BLOCK_N=bn,
-            HAS_WINDOW=window > 0, PART_BF16=part_bf16, STRIDED=strided, SINGLE=single, PDL=pdl, **cfg, **extra)
-    if single:
+    grid = (Hkv, num_splits, B) if head_major else (num_splits, Hkv, B)
+    _decode_split2_kernel[grid](
+        q, k, v, k_cache, v_cache, block_tables, cu_seqlens_q, cached_lens, sinks, out, mp, lp, op,
+        q.stride(0), q.stride(1), k.stride(0), k.stride(1), v.stride(0), v.stride(1),
+        k_cache.stride(0), k_cache.stride(1), k_cache.stride(2),
+        v_cache.stride(0), v_cache.stride(1), v_cache.stride(2),
+        block_tables.stride(0), out.stride(0), out.stride(1), qk_scale, window, num_splits, block_tables.shape[1],
+        GROUP=group, G_P2=max(16, triton.next_power_of_2(group)), BS=k_cache.shape[1], HEAD_D=D, BLOCK_N=bn,
+        HAS_WINDOW=window > 0, PART_BF16=part_bf16, STRIDED=strided, SINGLE=single, PDL=pdl,
+        HEAD_MAJOR=head_major, **cfg, **extra)
+    if single or not merge:
         return out
     _merge_kernel[(q.shape[1], B)](cu_seqlens_q, out, mp, lp, op, out.stride(0), out.stride(1), num_splits,
                                    GROUP=group, HEAD_D=D, S_P2=max(2, triton.next_power_of_2(num_splits)),
