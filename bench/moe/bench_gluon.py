@@ -36,7 +36,7 @@ DEFAULT_VARIANTS = "op,gluon64,gluon128,gluon128_h1"
 
 
 def _configs() -> dict:
-    from dayzero.kernels.gluon_moe_gemm_run import BM64, BM128, DEFAULT
+    from dayzero.kernels.gluon_moe_gemm_run import BM64, BM128, BM128_RUN8 as R8, DEFAULT
 
     r = dataclasses.replace
     return {"gluon": DEFAULT, "gluon64": BM64, "gluon_s3": r(BM64, stages=3), "gluon_s5": r(BM64, stages=5),
@@ -56,11 +56,12 @@ def _configs() -> dict:
             "gluon128_d_glue": r(BM128, sched=1, glue=True), "gluon128_h2_d_glue": r(BM128, half=2, sched=1, glue=True),
             "gluon128_h2_glue": r(BM128, half=2, glue=True),
             # session 6 (run 9): fast gate_up epilogue, W boxes per weight block, 4 pairs per glue program
-            "gluon128_f": r(BM128, fast_epi=True), "gluon128_ws": r(BM128, wsplit=True),
-            "gluon128_glue4": r(BM128, glue=True, glue_rows=4),
-            "gluon128_fws": r(BM128, fast_epi=True, wsplit=True),
-            "gluon128_fws_glue4": r(BM128, fast_epi=True, wsplit=True, glue=True, glue_rows=4),
-            "gluon128_h2_fws_glue4": r(BM128, half=2, fast_epi=True, wsplit=True, glue=True, glue_rows=4),
+            # (run 9 made fast_epi + wsplit + glue at 4 pairs the shipped BM128; run8 = BM128_RUN8, the one before)
+            "run8": R8, "gluon128_f": r(R8, fast_epi=True), "gluon128_ws": r(R8, wsplit=True),
+            "gluon128_glue4": r(R8, glue=True, glue_rows=4),
+            "gluon128_fws": r(R8, fast_epi=True, wsplit=True),
+            "gluon128_fws_glue4": r(R8, fast_epi=True, wsplit=True, glue=True, glue_rows=4),
+            "gluon128_h2_fws_glue4": r(R8, half=2, fast_epi=True, wsplit=True, glue=True, glue_rows=4),
             # timing diagnostics (wrong results): where the time goes
             "diag_w_once_per_tile": r(BM64, diag=1), "diag_a_once_per_tile": r(BM64, diag=2),
             "diag128_half_w_once": r(BM128, half=3)}

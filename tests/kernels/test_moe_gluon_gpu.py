@@ -322,7 +322,7 @@ def test_gluon_moe_dynamic_schedule(name):
     assert torch.equal(check(x, w, ids, q, d, cfg), fused_moe_gluon(x, w, ids, q, LIMIT, cfg0))
 
 
-# Gluon run 9 (session 6) options on the shipped 128-row configuration: the gate_up epilogue without the range
+# Gluon run 9 (session 6) options on the session-5 128-row configuration: the gate_up epilogue without the range
 # guards of exp / division (fast_epi), W as one TMA box per weight block with the box past N skipped (wsplit),
 # the fused glue with 4 pairs a program (glue_rows), and HALF 2 with all three
 RUN9_CFGS = {"fast_epi": dict(fast_epi=True), "wsplit": dict(wsplit=True),
@@ -332,22 +332,23 @@ RUN9_CFGS = {"fast_epi": dict(fast_epi=True), "wsplit": dict(wsplit=True),
 
 @pytest.mark.parametrize("name", list(RUN9_CFGS))
 def test_gluon_moe_run9_options(name):
-    """Each run-9 option within the FP8 bounds and bitwise equal to the shipped 128-row configuration
-    (BM128) on the shape cases (2880-wide shapes: the last gate_up / down N tile has no second weight
-    block, so wsplit skips its box), skewed routing, and T = 37 (fewer tiles than CTAs)."""
-    from dayzero.kernels.gluon_moe_gemm_run import BM128, fused_moe_gluon
+    """Each run-9 option within the FP8 bounds and bitwise equal to the session-5 128-row configuration
+    (BM128_RUN8, none of them) on the shape cases (2880-wide shapes: the last gate_up / down N tile has no
+    second weight block, so wsplit skips its box), skewed routing, and T = 37 (fewer tiles than CTAs)."""
+    from dayzero.kernels.gluon_moe_gemm_run import BM128, BM128_RUN8, fused_moe_gluon
     from test_moe_gpu import make_experts, route, skewed_ids
 
-    cfg = dataclasses.replace(BM128, **RUN9_CFGS[name])
+    assert BM128 == dataclasses.replace(BM128_RUN8, **RUN9_CFGS["fast_wsplit_glue4"])      # the shipped options
+    cfg = dataclasses.replace(BM128_RUN8, **RUN9_CFGS[name])
     for T, E, H, I, k, seed, offset, E_glob in SHAPE_CASES + ((37, 6, 208, 336, 2, 91, 0, 6), ):
         q, d = make_experts(E, H, I, seed, offset)
         x, w, ids = route(T, E_glob, k, H, seed + 1)
         out = check(x, w, ids, q, d, cfg)
-        assert torch.equal(out, fused_moe_gluon(x, w, ids, q, LIMIT, BM128)), (name, T, E)
+        assert torch.equal(out, fused_moe_gluon(x, w, ids, q, LIMIT, BM128_RUN8)), (name, T, E)
     q, d = make_experts(32, 2880, 2880, seed=92)
     x, w, _ = route(1500, 32, 4, 2880, seed=93)
     ids = skewed_ids(1500, 4).to(DEV)
-    assert torch.equal(check(x, w, ids, q, d, cfg), fused_moe_gluon(x, w, ids, q, LIMIT, BM128))
+    assert torch.equal(check(x, w, ids, q, d, cfg), fused_moe_gluon(x, w, ids, q, LIMIT, BM128_RUN8))
 
 
 def test_run9_option_errors():

@@ -50,8 +50,8 @@ class GluonConfig:
     half: int = 0              # bm 128, tiles whose rows 64-127 are padding: 0 = the consumers split N,
                                # 1 = warpgroup 0 alone, 2 = split N loading only A's 64 real rows, 3 = 2 with
                                # the W tile loaded once (timing diagnostic, WRONG results) (gluon_moe_gemm128)
-    glue: bool = False         # True: align + x quantization in three launches (align_quant_pairs; not
-                               # faster in Gluon run 6's do_bench timing); False: the Triton path's four
+    glue: bool = False         # True: align + x quantization in three launches (align_quant_pairs; at 4 pairs a
+                               # program 0.07-0.09 ms vs 0.14-0.16, Gluon run 9); False: the Triton path's four
     walk: int = 0              # tile walk: 0 = groups of group_m consecutive M blocks (a group can straddle
                                # two experts), 1 = groups inside each expert's run (AlignedPairs.block_span)
     sched: int = 0             # bm 128: 0 = static round-robin tiles per CTA, 1 = dynamic (a global counter:
@@ -63,8 +63,13 @@ class GluonConfig:
 
 
 BM64 = GluonConfig()
-# 128-row tiles (gluon_moe_gemm128), same rows per M group, tiles handed out by a global counter (sched 1)
-BM128 = dataclasses.replace(BM64, bm=128, group_m=8, sched=1)
+# 128-row tiles (gluon_moe_gemm128), same rows per M group, tiles handed out by a global counter (sched 1) = the
+# session-5 configuration (Gluon run 8)
+BM128_RUN8 = dataclasses.replace(BM64, bm=128, group_m=8, sched=1)
+# + the gate_up epilogue without range guards, W boxes per weight block, the fused glue at 4 pairs a program (Gluon
+# run 9, interleaved CUDA-graph layer times at 8192 tokens against BM128_RUN8 in the same call: 120B random 2.437 ->
+# 2.286 ms, balanced 2.172 -> 2.096, 20B random 2.031 -> 1.971, balanced 1.913 -> 1.870; bitwise the same outputs)
+BM128 = dataclasses.replace(BM128_RUN8, fast_epi=True, wsplit=True, glue=True, glue_rows=4)
 DEFAULT = BM64
 # Mean routed rows per local expert from which the registered op takes 128-row tiles (bench/NOTES.md, Gluon
 # run 8, CUDA-graph times at 8192 tokens: 120B = 256 rows an expert, random routing 2.686 ms on 64-row tiles
