@@ -95,7 +95,9 @@ def split_configs(labels=None):
                 consts = dict(BN=bn, BK=t.gemv_bk, U=t.gemv_u, EVEN_K=2880 % (t.gemv_bk * t.gemv_u) == 0,
                               PIPE=t.gemv_pipe, G=t.gemv_group)
                 if kern is S.down_kernel:
-                    consts.update(TOPK=4, PB=16, DOT_F32=False)
+                    consts.update(TOPK=4, PB=16, DOT_F32=False, PDL=t.pdl, PF=t.prefetch_down if t.pdl else 0)
+                else:
+                    consts.update(PDL=t.pdl, EF=t.pdl and t.prefetch_down == 2)
                 gk = G.gemv_gate_up_kernel if kern is S.gate_up_kernel else G.gemv_down_kernel
                 warps = t.warps_down or t.warps if kern is S.down_kernel else t.warps
                 yield f"{name} {label} T1 gemv", gk, consts, warps, 1, 0
@@ -109,6 +111,9 @@ def split_configs(labels=None):
                     consts["FUSE"] = fused
                     consts["KP"] = 4 if t.vec_combine else 0
                 consts["IDS1"] = t.ids_once and fused
+                consts["PDL"] = t.pdl and fused
+                if kern is S.down_kernel:
+                    consts["PF"] = t.prefetch_down if t.pdl and fused else 0
                 consts["SK"] = scale_row(2880, split, t)
                 warps = t.warps_down or t.warps if kern is S.down_kernel else t.warps
                 stages = t.stages_down or t.stages if kern is S.down_kernel else t.stages

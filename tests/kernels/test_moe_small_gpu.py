@@ -101,18 +101,20 @@ def check(name, T, seed, tiles=None, repeated=False, offset=0, E_local=None):
 
 @pytest.mark.parametrize("T", [1, 3, 16])
 def test_registered_op_dispatch(T):
-    # T = 1 and T = 16 (4 and 64 pairs) take the split-K path, T = 3 (12 pairs) the aligned one
+    # T = 1 and T = 16 (4 and 64 pairs) take the split-K path, T = 3 (12 pairs, < 64 experts) the aligned
+    # one unless the tiles there load their scales once (row_scales)
     from dayzero.kernels.triton_moe import moe_experts   # the op registered as triton's moe_experts
-    from dayzero.kernels.triton_moe_small_split import moe_split, takes_split
+    from dayzero.kernels.triton_moe_small_split import default_tiles, moe_split, takes_split
 
     q, _ = experts("20b")
     E, H, _ = SHAPES["20b"]
     x, w, ids = inputs(T, E, H, seed=4)
-    assert takes_split(T * K_TOP, E) == (T != 3)
-    if T == 3 and DEV != "cuda":
+    aligned = T == 3 and not default_tiles(T * K_TOP, E).row_scales
+    assert takes_split(T * K_TOP, E) == (not aligned)
+    if aligned and DEV != "cuda":
         pytest.skip("the aligned path is checked on the GPU (tests/kernels/test_moe_gpu.py)")
     want = moe_split(x, w, ids, q, LIMIT)
-    if T == 3:
+    if aligned:
         from dayzero.kernels.triton_moe import fused_moe
 
         want = fused_moe(x, w, ids, q, LIMIT)
@@ -169,9 +171,10 @@ def test_split_expert_parallel_slice_and_unrouted_tokens(T):
     assert (out[~local] == 0).all()
 
 
-@pytest.mark.parametrize("T,variant", [(2, None), (24, None), (2, "k1_d64_r")])
+@pytest.mark.parametrize("T,variant", [(2, None), (24, None), (2, "k1_d64_r"), (1, "gvq_d32_rpe"), (2, "k1_d64_rp")])
 def test_split_no_local_route_gives_zeros(T, variant):
-    # k1_d64_r: the fused down's vectorised combine (``_combine_rows``) writes the zeros
+    # k1_d64_r: the fused down's vectorised combine (``_combine_rows``) writes the zeros; ``p``: under PDL
+    # (the zeros written after the wait for gate_up)
     from dayzero.kernels.triton_moe_small_split import VARIANTS, moe_split
 
     q, _ = experts("120b")
@@ -187,7 +190,8 @@ def test_split_no_local_route_gives_zeros(T, variant):
 
 
 @pytest.mark.parametrize("T,variant", [(1, None), (2, None), (16, None), (1, "k1"), (1, "gvg_d32_r8"),
-                                       (2, "k1_d64_r"), (1, "gvp_d32"), (1, "gvp_gv16")])
+                                       (2, "k1_d64_r"), (1, "gvp_d32"), (1, "gvp_gv16"), (1, "gvq_d32_rpe"),
+                                       (1, "gvq_d32_rpf"), (2, "k1_d64_rp"), (7, "bn64_rp")])
 def test_split_deterministic_and_graph_replay_equals_eager(T, variant):
     # default tiles: T = 1 on the GEMV kernels, fused MMA tiles (leader slots, tickets in down), plan +
     # combine at T = 16; k1: the MMA kernels at T = 1; _r / _r8: scale rows and the vectorised combine
@@ -216,7 +220,7 @@ def test_split_deterministic_and_graph_replay_equals_eager(T, variant):
     assert _tickets_zero(q)
 
 
-@pytest.mark.parametrize("variant", ["gv_d16", "gvg_d32_r", "gvp_d32", "gvp_gv16"])
+@pytest.mark.parametrize("variant", ["gv_d16", "gvg_d32_r", "gvp_d32", "gvp_gv16", "gvq_d32_rpe"])
 @pytest.mark.parametrize("local_routes", [0, 2])
 def test_gemv_t1_expert_parallel_slice(local_routes, variant):
     # T = 1 on the GEMV kernels with this rank owning experts 8..15: routes elsewhere are skipped (the

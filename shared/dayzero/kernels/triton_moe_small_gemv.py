@@ -21,13 +21,14 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
+from .triton_moe_small_pdl import prefetch_rows, trigger, wait
 from .triton_moe_small_route import _touched
 from .triton_moe_small_split_kernels import _combine_tile, _ticket
 
 
 @triton.jit
 def _row_dot(w_ptrs, v_ptr, s_ptr, K, BN: tl.constexpr, BK: tl.constexpr, U: tl.constexpr,
-             EVEN_K: tl.constexpr, PIPE: tl.constexpr = 0, G: tl.constexpr = 0):
+             EVEN_K: tl.constexpr, PIPE: tl.constexpr = 0, G: tl.constexpr = 0, EF: tl.constexpr = False):
     """[BN] fp32 = sum over k of w[n, k] * v[k] * scale[k // 128] (w: FP8 rows at ``w_ptrs`` + k,
     the [BN, BK] pointers of K step 0; BK divides 128). ``PIPE`` = 0: the loads of a loop trip are
     issued next to their use (sm_90 SASS: one DRAM round trip waited per trip, U steps in flight);
@@ -35,19 +36,20 @@ def _row_dot(w_ptrs, v_ptr, s_ptr, K, BN: tl.constexpr, BK: tl.constexpr, U: tl.
     compiler turns the weight, x and scale loads into cp.async copies into shared memory, PIPE - 1
     trips in flight; none of them depends on a load in the loop). ``G`` > 0: each step first sums
     groups of G neighbouring products (w * x, a thread's own 16-byte run at G = 16), then scales those
-    sums: acc [BN, BK / G] instead of [BN, BK] and no x * scale per element."""
+    sums: acc [BN, BK / G] instead of [BN, BK] and no x * scale per element. ``EF``: the weights are read
+    evict-first (L2 keeps the down tiles that ``triton_moe_small_pdl`` prefetched meanwhile)."""
     offs_k = tl.arange(0, BK)
     acc = tl.zeros((BN, BK // G if G > 0 else BK), dtype=tl.float32)
     for k0 in tl.range(0, K, BK * U, num_stages=PIPE if PIPE > 0 else None):
         for u in tl.static_range(U):
             k = k0 + u * BK
             if EVEN_K:
-                w = tl.load(w_ptrs + k)
+                w = tl.load(w_ptrs + k, eviction_policy="evict_first" if EF else "")
                 v = tl.load(v_ptr + k + offs_k)
                 sc = tl.load(s_ptr + k // 128)
             else:
                 k_ok = k + offs_k < K
-                w = tl.load(w_ptrs + k, mask=k_ok[None, :], other=0.0)
+                w = tl.load(w_ptrs + k, mask=k_ok[None, :], other=0.0, eviction_policy="evict_first" if EF else "")
                 v = tl.load(v_ptr + k + offs_k, mask=k_ok, other=0.0)
                 sc = tl.load(s_ptr + k // 128, mask=k < K, other=0.0)
             if G > 0:
@@ -70,7 +72,9 @@ def _expert_of(ids_ptr, j, offset, E):
 def gemv_gate_up_kernel(x_ptr, ids_ptr, w_ptr, s_ptr, b_ptr, h_ptr, K, N, n_tiles, offset, E, stride_we, stride_wn,
                         stride_se, stride_sn, stride_be, stride_h, limit, alpha,
                         BN: tl.constexpr, BK: tl.constexpr, U: tl.constexpr, EVEN_K: tl.constexpr,
-                        PIPE: tl.constexpr = 0, G: tl.constexpr = 0):
+                        PIPE: tl.constexpr = 0, G: tl.constexpr = 0, PDL: tl.constexpr = False,
+                        EF: tl.constexpr = False):
+    trigger(PDL)   # the down grid (launch_pdl) may start; it waits for this grid before reading h
     pid = tl.program_id(0)
     j = pid // n_tiles
     tile = pid % n_tiles
@@ -82,7 +86,7 @@ def gemv_gate_up_kernel(x_ptr, ids_ptr, w_ptr, s_ptr, b_ptr, h_ptr, K, N, n_tile
     rows_c = tl.where(rows < N, rows, 0)
     w_ptrs = w_ptr + e64 * stride_we + rows_c[:, None].to(tl.int64) * stride_wn + tl.arange(0, BK)[None, :]
     s_row = s_ptr + e64 * stride_se + ((tile * BN) // 128) * stride_sn
-    v = _row_dot(w_ptrs, x_ptr, s_row, K, BN, BK, U, EVEN_K, PIPE, G)
+    v = _row_dot(w_ptrs, x_ptr, s_row, K, BN, BK, U, EVEN_K, PIPE, G, EF)
     v = (v + tl.load(b_ptr + e64 * stride_be + rows_c).to(tl.float32)).to(tl.bfloat16).to(tl.float32)
     gate, up = tl.split(tl.reshape(v, (BN // 2, 2)))
     gate = tl.minimum(gate, limit)
@@ -97,7 +101,7 @@ def gemv_down_kernel(h_ptr, ids_ptr, wt_ptr, w_ptr, s_ptr, b_ptr, y_ptr, out_ptr
                      offset, E, stride_h, stride_we, stride_wn, stride_se, stride_sn, stride_be, stride_o,
                      TOPK: tl.constexpr, PB: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr, U: tl.constexpr,
                      EVEN_K: tl.constexpr, DOT_F32: tl.constexpr, PIPE: tl.constexpr = 0,
-                     G: tl.constexpr = 0):
+                     G: tl.constexpr = 0, PDL: tl.constexpr = False, PF: tl.constexpr = 0):
     pid = tl.program_id(0)
     j = pid // n_tiles
     tile = pid % n_tiles
@@ -106,6 +110,7 @@ def gemv_down_kernel(h_ptr, ids_ptr, wt_ptr, w_ptr, s_ptr, b_ptr, y_ptr, out_ptr
     touched = _touched(ids_ptr, ids_ptr, 0, P, offset, E, PB, False)   # local routes (distinct experts)
     if touched == 0:  # no route to this rank: nobody draws a ticket, one program per tile writes zeros
         if j == 0:
+            wait(PDL)
             _combine_tile(y_ptr, ids_ptr, out_ptr, 1, P, N, offset, E, stride_o, rows, n_ok, TOPK, 1, BN)
         return
     e = _expert_of(ids_ptr, j, offset, E)
@@ -115,6 +120,9 @@ def gemv_down_kernel(h_ptr, ids_ptr, wt_ptr, w_ptr, s_ptr, b_ptr, y_ptr, out_ptr
     rows_c = tl.where(n_ok, rows, 0)
     w_ptrs = w_ptr + e64 * stride_we + rows_c[:, None].to(tl.int64) * stride_wn + tl.arange(0, BK)[None, :]
     s_row = s_ptr + e64 * stride_se + ((tile * BN) // 128) * stride_sn
+    if PF > 0:  # the tile into L2 while gate_up still runs
+        prefetch_rows(w_ptr + e64 * stride_we + rows_c.to(tl.int64) * stride_wn, n_ok, 0, K, BN, PF == 2)
+    wait(PDL)   # gate_up complete (h visible) before the first h load or global store
     acc = _row_dot(w_ptrs, h_ptr + j * stride_h, s_row, K, BN, BK, U, EVEN_K, PIPE, G)
     y = (acc + tl.load(b_ptr + e64 * stride_be + rows_c).to(tl.float32)) * tl.load(wt_ptr + j).to(tl.float32)
     tl.store(y_ptr + j * N + rows, y, mask=n_ok)

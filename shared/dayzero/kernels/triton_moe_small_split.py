@@ -66,6 +66,11 @@ class SplitTiles:
     gemv_pipe: int = 0
     gemv_group: int = 0
     stages_down: int = 0         # pipeline depth of the MMA down kernel (0: ``stages``)
+    # fused calls (``triton_moe_small_pdl``): the down grid launched with programmatic dependent launch
+    # (gate_up lets it start at once; down waits for gate_up before reading h); prefetch_down 1 / 2: down
+    # first bulk-prefetches its weight tile into L2 (2: evict-last lines, gate_up's GEMV reads evict-first)
+    pdl: bool = False
+    prefetch_down: int = 0
     # MMA kernels: each program loads its K range's block scales once before the K loop (``_stream``
     # SK > 0) instead of one step ahead (a global load whose register move waits inside every step)
     row_scales: bool = False
@@ -164,6 +169,37 @@ VARIANTS = {
                             gemv_u=1, gemv_pipe=6, gemv_group=16, row_scales=True, vec_combine=True, ids_once=True),
     "gvp_gv16": SplitTiles(bn_gate_up=32, bn_down=16, split_gate_up=1, split_down=1, gemv=True, gemv_u=1,
                            gemv_pipe=6, gemv_group=16),
+    # run 11 call 1 (bench/NOTES.md "MoE decode run 11"): gvq's gate_up 22.8 us (groups alone; the pipelined
+    # gvp 24.3: the GEMV is issue-bound, cp.async adds instructions), run 10's `_r` down 18.4 vs 19.1; `_r`
+    # at T = 2-8 -3 to -5 %. Call 2: gvq gate_up + `_r` down, then the kernel boundary
+    # (``triton_moe_small_pdl``): ``p`` = PDL (down's programs start beside gate_up's and wait before
+    # reading h), ``pf`` = + down's weight tile bulk-prefetched into L2 before that wait, ``pe`` = the same
+    # with evict-last prefetches and gate_up's weights read evict-first
+    "gvq_d32_r": SplitTiles(bn_gate_up=32, bn_down=32, split_gate_up=1, split_down=1, gemv=True, gemv_down=False,
+                            gemv_group=16, row_scales=True, vec_combine=True, ids_once=True),
+    "gvq_d32_rp": SplitTiles(bn_gate_up=32, bn_down=32, split_gate_up=1, split_down=1, gemv=True, gemv_down=False,
+                             gemv_group=16, row_scales=True, vec_combine=True, ids_once=True, pdl=True),
+    "gvq_d32_rpf": SplitTiles(bn_gate_up=32, bn_down=32, split_gate_up=1, split_down=1, gemv=True, gemv_down=False,
+                              gemv_group=16, row_scales=True, vec_combine=True, ids_once=True, pdl=True,
+                              prefetch_down=1),
+    "gvq_d32_rpe": SplitTiles(bn_gate_up=32, bn_down=32, split_gate_up=1, split_down=1, gemv=True, gemv_down=False,
+                              gemv_group=16, row_scales=True, vec_combine=True, ids_once=True, pdl=True,
+                              prefetch_down=2),
+    "k1_d64_rp": SplitTiles(bn_gate_up=32, bn_down=64, split_gate_up=1, split_down=1, row_scales=True,
+                            vec_combine=True, ids_once=True, pdl=True),
+    "k1_d64_rpf": SplitTiles(bn_gate_up=32, bn_down=64, split_gate_up=1, split_down=1, row_scales=True,
+                             vec_combine=True, ids_once=True, pdl=True, prefetch_down=1),
+    "gv64_d32_rp": SplitTiles(bn_gate_up=64, bn_down=32, split_gate_up=1, split_down=1, gemv=True, row_scales=True,
+                              vec_combine=True, ids_once=True, pdl=True),
+    "bn64_rp": SplitTiles(bn_gate_up=64, bn_down=64, row_scales=True, vec_combine=True, ids_once=True, pdl=True),
+    # the gate_up GEMV with fewer instructions per KB (sm_90 builds, groups of 16): bn64 U = 2 115 (80 registers,
+    # 6 per SM, 360 programs), bn32 U = 4 138 (80 registers, 6 per SM; 6 loop trips instead of 12); gvq 140
+    "gvq64_d32_rpe": SplitTiles(bn_gate_up=64, bn_down=32, split_gate_up=1, split_down=1, gemv=True,
+                                gemv_down=False, gemv_group=16, row_scales=True, vec_combine=True, ids_once=True,
+                                pdl=True, prefetch_down=2),
+    "gvq4_d32_rpe": SplitTiles(bn_gate_up=32, bn_down=32, split_gate_up=1, split_down=1, gemv=True,
+                               gemv_down=False, gemv_group=16, gemv_u=4, row_scales=True, vec_combine=True,
+                               ids_once=True, pdl=True, prefetch_down=2),
 }
 # the device tests run the engine on candidates before they become defaults: this environment variable
 # holds "name[@max_pairs],..." (``VARIANTS`` names); the first entry whose max_pairs >= T * k (or with
@@ -183,8 +219,13 @@ def forced_tiles(pairs: int) -> SplitTiles | None:
 
 
 def takes_split(pairs: int, E: int) -> bool:
-    """Whether a call with ``pairs`` = T * k (token, expert) pairs and E local experts runs here."""
-    return 0 < pairs <= DECODE_MAX_PAIRS and not (E < 64 and 8 < pairs <= 16)
+    """Whether a call with ``pairs`` = T * k (token, expert) pairs and E local experts runs here: every
+    T * k <= 256 except 8 < T * k <= 16 with < 64 local experts unless the tiles there load their block
+    scales once (``row_scales``; run 11 call 1, 20B T = 4: gv64_d32_r 113.1 / k1_d64_r 109.5 vs the aligned
+    path 119.1 us; without: gv64_d32 118.6, run 8 119.5 vs 120.5, a tie)."""
+    if not 0 < pairs <= DECODE_MAX_PAIRS:
+        return False
+    return not (E < 64 and 8 < pairs <= 16) or default_tiles(pairs, E).row_scales
 
 
 def default_tiles(pairs: int, E: int) -> SplitTiles:
@@ -269,6 +310,7 @@ class MoeSplit:
         self.h = torch.empty((self.P, I), dtype=torch.float16 if t.h16 else torch.bfloat16, device=dev)  # per pair
         self.y = torch.empty((self.s2, self.P, H), dtype=torch.float32, device=dev)       # per split, pair
         self.out = torch.empty((T, H), dtype=x.dtype, device=dev)
+        self.pdl = t.pdl and self.fused and not interpreting()   # (the interpreter runs no inline asm)
         self.launch = dict(TOPK=self.k, BM=t.bm, BK_=BK, H16=t.h16, TB=self.tb, PB=self.pb, PLAN=not self.fused,
                            ONE_CHUNK=T <= t.bm, DOT_F32=interpreting(), num_stages=t.stages)
 
@@ -285,6 +327,9 @@ class MoeSplit:
         return dict(BK=t.gemv_bk, U=t.gemv_u, EVEN_K=K % (t.gemv_bk * t.gemv_u) == 0, PIPE=t.gemv_pipe,
                     G=t.gemv_group)
 
+    def _pdl_launch(self) -> dict:
+        return dict(launch_pdl=True) if self.pdl else {}
+
     def gate_up(self) -> None:
         ex, t = self.ex, self.tiles
         w, s, b = ex.gate_up, ex.gate_up_scale, ex.gate_up_bias
@@ -292,14 +337,15 @@ class MoeSplit:
             gemv_gate_up_kernel[(self.k * self.nt1,)](
                 self.x, self.ids, w, s, b, self.h, self.H, 2 * self.I, self.nt1, self.offset, self.E, w.stride(0),
                 w.stride(1), s.stride(0), s.stride(1), b.stride(0), self.h.stride(0), self.limit, SWIGLU_ALPHA,
-                BN=t.bn_gate_up, num_warps=t.warps, **self._gemv_args(self.H))
+                BN=t.bn_gate_up, PDL=self.pdl, EF=self.pdl and t.prefetch_down == 2, num_warps=t.warps,
+                **self._gemv_args(self.H))
             return
         gate_up_kernel[(self.slots * self.nt1 * self.s1,)](
             self.x, self.ids, w, s, b, self.h, self.ws, self.tickets1, self.slot_e, self.slot_cnt, self.slot_pairs,
             self.H, 2 * self.I, self.nt1, self.P, self.offset, self.E, self.x.stride(0), w.stride(0), w.stride(1),
             s.stride(0), s.stride(1), b.stride(0), self.h.stride(0), self.limit, SWIGLU_ALPHA, BN=t.bn_gate_up,
             SPLIT=self.s1, EVEN_N=(2 * self.I) % t.bn_gate_up == 0, SK=scale_row(self.H, self.s1, t),
-            IDS1=t.ids_once and self.fused, num_warps=t.warps, **self.launch)
+            IDS1=t.ids_once and self.fused, PDL=self.pdl, num_warps=t.warps, **self.launch)
 
     def down(self) -> None:
         ex, t = self.ex, self.tiles
@@ -309,7 +355,8 @@ class MoeSplit:
                 self.h, self.ids, self.weights, w, s, b, self.y, self.out, self.tickets2, self.I, self.H, self.nt2,
                 self.P, self.offset, self.E, self.h.stride(0), w.stride(0), w.stride(1), s.stride(0), s.stride(1),
                 b.stride(0), self.out.stride(0), TOPK=self.k, PB=self.pb, BN=t.bn_down,
-                DOT_F32=interpreting(), num_warps=t.warps_down or t.warps, **self._gemv_args(self.I))
+                DOT_F32=interpreting(), PDL=self.pdl, PF=t.prefetch_down if self.pdl else 0,
+                num_warps=t.warps_down or t.warps, **self._pdl_launch(), **self._gemv_args(self.I))
             return
         down_kernel[(self.slots * self.nt2 * self.s2,)](
             self.h, self.ids, self.weights, w, s, b, self.y, self.out, self.tickets2, self.slot_e, self.slot_cnt,
@@ -317,8 +364,8 @@ class MoeSplit:
             self.h.stride(0), w.stride(0), w.stride(1), s.stride(0), s.stride(1), b.stride(0), self.out.stride(0),
             FUSE=self.fused, BN=t.bn_down, SPLIT=self.s2, EVEN_N=self.H % t.bn_down == 0,
             SK=scale_row(self.I, self.s2, t), KP=triton.next_power_of_2(self.k) if t.vec_combine else 0,
-            IDS1=t.ids_once and self.fused, num_warps=t.warps_down or t.warps,
-            **dict(self.launch, num_stages=t.stages_down or t.stages))
+            IDS1=t.ids_once and self.fused, PDL=self.pdl, PF=t.prefetch_down if self.pdl else 0,
+            num_warps=t.warps_down or t.warps, **self._pdl_launch(), **dict(self.launch, num_stages=t.stages_down or t.stages))
 
     def combine(self) -> None:
         if self.fused:

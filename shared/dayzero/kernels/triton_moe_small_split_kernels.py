@@ -21,6 +21,9 @@ A rows past an expert's token count stay masked (no bytes moved for them).
 Options of the run-10 candidates (``SplitTiles`` row_scales / vec_combine / ids_once; off in the shipped
 tiles): ``SK`` > 0 loads a program's block scales once before the K loop, ``KP`` > 0 combines with
 ``_combine_rows``, ``IDS1`` finds leader slots and rows from one load of the pair ids.
+``PDL`` (fused calls): gate_up lets the down grid launch early; down finds its slot, optionally
+bulk-prefetches its weight tile into L2 (``PF``), then waits for gate_up before reading h
+(``triton_moe_small_pdl``).
 Tickets live between calls (``experts.derived``): zero before the first call, reset by their last
 user. Weights FP8 [E, N, K] with 128x128 block scales [E, ceil(N/128), ceil(K/128)] (BN divides 128);
 activations bf16, widened weights, fp32 accumulation. No host syncs: CUDA-graph capturable.
@@ -32,6 +35,7 @@ import triton
 import triton.language as tl
 
 from .triton_gemv import _fence_gpu
+from .triton_moe_small_pdl import prefetch_rows, trigger, wait
 from .triton_moe_small_route import (_chunk_end, _local_ids, _rows, _rows_of, _slot, _slot_of, _touched,
                                      _touched_of)
 
@@ -137,7 +141,8 @@ def gate_up_kernel(x_ptr, ids_ptr, w_ptr, s_ptr, b_ptr, h_ptr, ws_ptr, ticket_pt
                    TOPK: tl.constexpr, TB: tl.constexpr, PB: tl.constexpr, BM: tl.constexpr, BN: tl.constexpr,
                    BK_: tl.constexpr, SPLIT: tl.constexpr, EVEN_N: tl.constexpr, H16: tl.constexpr,
                    PLAN: tl.constexpr, ONE_CHUNK: tl.constexpr, DOT_F32: tl.constexpr, SK: tl.constexpr = 0,
-                   IDS1: tl.constexpr = False):
+                   IDS1: tl.constexpr = False, PDL: tl.constexpr = False):
+    trigger(PDL)   # the down grid (launch_pdl) may start; it waits for this grid before reading h
     s, pid_n, ks, kb0, kb1 = _program(tl.program_id(0), n_tiles, K, SPLIT, BK_)
     if IDS1:  # leader slots (not PLAN) from one load of the pair ids (``triton_moe_small_route``)
         q, idq = _local_ids(ids_ptr, P, offset, PB)
@@ -229,7 +234,7 @@ def down_kernel(h_ptr, ids_ptr, wt_ptr, w_ptr, s_ptr, b_ptr, y_ptr, out_ptr, tic
                 TOPK: tl.constexpr, TB: tl.constexpr, PB: tl.constexpr, BM: tl.constexpr, BN: tl.constexpr,
                 BK_: tl.constexpr, SPLIT: tl.constexpr, EVEN_N: tl.constexpr, H16: tl.constexpr, PLAN: tl.constexpr,
                 FUSE: tl.constexpr, ONE_CHUNK: tl.constexpr, DOT_F32: tl.constexpr, SK: tl.constexpr = 0,
-                KP: tl.constexpr = 0, IDS1: tl.constexpr = False):
+                KP: tl.constexpr = 0, IDS1: tl.constexpr = False, PDL: tl.constexpr = False, PF: tl.constexpr = 0):
     s, pid_n, ks, kb0, kb1 = _program(tl.program_id(0), n_tiles, K, SPLIT, BK_)
     offs_n = pid_n * BN + tl.arange(0, BN)
     n_ok = offs_n < N
@@ -243,6 +248,7 @@ def down_kernel(h_ptr, ids_ptr, wt_ptr, w_ptr, s_ptr, b_ptr, y_ptr, out_ptr, tic
             touched = _touched(ids_ptr, slot_e_ptr, n_slots, P, offset, E, PB, PLAN)
         if touched == 0:  # no route to this rank: nobody draws a ticket, one program writes zeros
             if (s == 0) & (ks == 0):
+                wait(PDL)
                 _combine(y_ptr, ids_ptr, out_ptr, T, P, N, offset, E, stride_o, offs_n, n_ok, TOPK, SPLIT, BN, KP)
             return
     if IDS1:
@@ -255,7 +261,11 @@ def down_kernel(h_ptr, ids_ptr, wt_ptr, w_ptr, s_ptr, b_ptr, y_ptr, out_ptr, tic
     offs_k = tl.arange(0, BK_)
     b_ptrs = w_ptr + e64 * stride_we + offs_nc[None, :].to(tl.int64) * stride_wn + offs_k[:, None]
     sc_ptr = s_ptr + e64 * stride_se + ((pid_n * BN) // 128) * stride_sn
+    if PF > 0:  # the tile's K range into L2 while gate_up still runs (PF 2: evict-last lines)
+        prefetch_rows(w_ptr + e64 * stride_we + offs_nc.to(tl.int64) * stride_wn, n_ok, kb0 * BK_,
+                      tl.minimum(kb1 * BK_, K), BN, PF == 2)
     bias = tl.load(b_ptr + e64 * stride_be + offs_nc, mask=n_ok & (ks == 0), other=0.0).to(tl.float32)
+    wait(PDL)   # gate_up complete (h visible) before the first h load or global store
     for c in range(0, _chunk_end(cnt, ONE_CHUNK), BM):
         if IDS1:
             pair, row_ok = _rows_of(q, idq, e, cnt, c, P, BM)
