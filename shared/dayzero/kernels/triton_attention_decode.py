@@ -152,17 +152,19 @@ def choose_num_splits(batch: int, num_kv_heads: int, max_kv_len: int, window: in
 # full-attention decode with more than one split; DAYZERO_DECODE_ATTENTION=<name> picks another preset
 # than the default (side-by-side benchmarks; the engine's GPU tests under each candidate)
 DECODE_PRESETS = {
-    "kernel_strided_n64": dict(MERGE="kernel", STRIDED=True, BLOCK_N=64),   # default since run 9
+    "kernel_strided_n64": dict(MERGE="kernel", STRIDED=True, BLOCK_N=64),   # default from run 9 to session 6
     "combine": {},                                                          # version 1 (the default before)
     "kernel": dict(MERGE="kernel", maxnreg=128),
     "kernel_strided_n64_s4": dict(MERGE="kernel", STRIDED=True, BLOCK_N=64, num_stages=4),
-    # session 6 candidates: the KV heads of a split launched side by side (they read the same token rows:
-    # one DRAM row a token, 128 B per head); 128-key tiles
+    # the same kernel with grid (Hkv, S, B): the KV heads of a split (which read the 8 128-byte pieces of the
+    # same 1 KB token rows) launched side by side. Default since session 6 (call 2 on H200: 1.2-1.8 % faster
+    # at B=1 8k / 32k / 128k and B=8 1k / 8k, e.g. B=1 / 32k 24.06 -> 23.78 us; decode and engine graph
+    # tests passed under it); 128-key tiles: faster only at B=1 / 128k with 32 splits (72.97 us)
     "kernel_strided_n64_hm": dict(MERGE="kernel", STRIDED=True, BLOCK_N=64, HEAD_MAJOR=True),
     "kernel_strided_n128": dict(MERGE="kernel", STRIDED=True, BLOCK_N=128),
     "kernel_strided_n128_hm": dict(MERGE="kernel", STRIDED=True, BLOCK_N=128, HEAD_MAJOR=True),
 }
-DEFAULT_PRESET = "kernel_strided_n64"
+DEFAULT_PRESET = "kernel_strided_n64_hm"
 # full-attention decode with ONE split (B * Hkv >= the SM count); DAYZERO_DECODE_ONESPLIT=<name> picks
 # another: "strided_*" run triton_attention_splitkv's kernel alone (pages one tile ahead, K/V double-buffered)
 ONESPLIT_PRESETS = {

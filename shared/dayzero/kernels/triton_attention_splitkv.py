@@ -14,7 +14,10 @@ from version 1 (``_decode_split_kernel`` + ``_combine_kernel``):
     each tile's pages one tile ahead, so the K/V loads are no longer indirect within the loop and
     Triton's pipeline double-buffers them (BLOCK_N 64, 3 stages: 37 KB, 72 registers, 6 programs
     per SM on sm_90). Run 9 on H200: B=1 at 1k / 8k / 32k / 128k 5.7 / 11.2 / 24.1 / 71.8 us vs
-    version 1's 6.2 / 11.7 / 25.2 / 73.2 (bench/NOTES.md).
+    version 1's 6.2 / 11.7 / 25.2 / 73.2 (bench/NOTES.md);
+  * ``HEAD_MAJOR`` (default preset since session 6): grid ``(Hkv, S, B)``, so the KV-head programs of one
+    split, which read the 128-byte pieces of the same 1 KB token rows, launch side by side (1.2-1.8 %
+    faster at B = 1 and 8 on H200; bench/NOTES.md "Decode (session 6)").
 With one split (``SINGLE``; opt-in for full attention at B >= 64, ``DAYZERO_DECODE_ONESPLIT``) the split
 kernel normalises and writes the output itself (no partials, no merge). ``PDL``: both kernels launched
 with programmatic dependent launch (triton_attention_decode's docstring).
