@@ -62,6 +62,7 @@ def _configs() -> dict:
             "gluon128_fws": r(R8, fast_epi=True, wsplit=True),
             "gluon128_fws_glue4": r(R8, fast_epi=True, wsplit=True, glue=True, glue_rows=4),
             "gluon128_h2_fws_glue4": r(R8, half=2, fast_epi=True, wsplit=True, glue=True, glue_rows=4),
+            "gluon128_zpad": r(BM128, zpad=True),                  # the shipped BM128 + zero padding rows
             # timing diagnostics (wrong results): where the time goes
             "diag_w_once_per_tile": r(BM64, diag=1), "diag_a_once_per_tile": r(BM64, diag=2),
             "diag128_half_w_once": r(BM128, half=3)}
@@ -102,7 +103,8 @@ def compile_check(out: str | None, names: list[str] | None = None) -> int:
             if bm == 64:
                 consts["DIAG"] = cfg.diag
             else:
-                consts.update(HALF=cfg.half, TRACE=False, SCHED=cfg.sched, OPT=int(cfg.fast_epi) | 2 * int(cfg.wsplit))
+                consts.update(HALF=cfg.half, TRACE=False, SCHED=cfg.sched,
+                              OPT=int(cfg.fast_epi) | 2 * int(cfg.wsplit) | 4 * int(cfg.zpad))
                 sig.update(trace_ptr="*i64", counter_ptr="*i32")
             sig.update({k: "constexpr" for k in consts})
             b = build_sm90(GluonASTSource(kern, sig, consts), 4, maxnreg=cfg.maxnreg)

@@ -324,10 +324,11 @@ def test_gluon_moe_dynamic_schedule(name):
 
 # Gluon run 9 (session 6) options on the session-5 128-row configuration: the gate_up epilogue without the range
 # guards of exp / division (fast_epi), W as one TMA box per weight block with the box past N skipped (wsplit),
-# the fused glue with 4 pairs a program (glue_rows), and HALF 2 with all three
+# the fused glue with 4 pairs a program (glue_rows), HALF 2 with all three, and all three with zero padding rows
 RUN9_CFGS = {"fast_epi": dict(fast_epi=True), "wsplit": dict(wsplit=True),
              "fast_wsplit_glue4": dict(fast_epi=True, wsplit=True, glue=True, glue_rows=4),
-             "half2_fast_wsplit_glue4": dict(half=2, fast_epi=True, wsplit=True, glue=True, glue_rows=4)}
+             "half2_fast_wsplit_glue4": dict(half=2, fast_epi=True, wsplit=True, glue=True, glue_rows=4),
+             "fast_wsplit_glue4_zpad": dict(fast_epi=True, wsplit=True, glue=True, glue_rows=4, zpad=True)}
 
 
 @pytest.mark.parametrize("name", list(RUN9_CFGS))
@@ -366,6 +367,6 @@ def test_run9_option_errors():
     with pytest.raises(ValueError):
         align_quant_pairs(x, ids, 8, 128, rows_per_prog=3)
     for cfg in (dataclasses.replace(BM64, fast_epi=True), dataclasses.replace(BM64, wsplit=True),
-                dataclasses.replace(BM128, wsplit=True, half=3)):
+                dataclasses.replace(BM64, zpad=True), dataclasses.replace(BM128, wsplit=True, half=3)):
         with pytest.raises(ValueError):
             fused_moe_gluon(x, w, ids, q, LIMIT, cfg)

@@ -53,16 +53,28 @@ def _swiglu(acc, bias, n_ok, limit, alpha, FAST: gl.constexpr = False):
 
 
 @gluon.jit
-def _store_h(h, scale, om, row_ok, oh, N, c_ptr, stride_cm, st: gl.constexpr, FAST: gl.constexpr = False):
+def _store_h(h, scale, om, row_ok, oh, N, c_ptr, stride_cm, st: gl.constexpr, FAST: gl.constexpr = False,
+             ZPAD: gl.constexpr = False):
     """h [HM, 64] / scale [HM] -> FP8 rows of c. FAST: h * rcp(scale) (scale = amax / 448 lies in
-    [2e-13, 8e35], where that is what the division computes)."""
+    [2e-13, 8e35], where that is what the division computes). ZPAD: padding rows (row_ok false) written as
+    zeros instead of skipped (the down GEMM multiplies them: zeros draw less power than stale data)."""
     if FAST:
         q = gl.convert_layout(h, st) * gl.expand_dims(_rcp_ftz(scale), 1)
     else:
         q = gl.convert_layout(h, st) / gl.expand_dims(scale, 1)
-    ok = gl.expand_dims(row_ok, 1) & gl.expand_dims(oh < N // 2, 0)
+    if ZPAD:
+        q = gl.where(gl.expand_dims(row_ok, 1), q, 0.0)
+        ok = gl.expand_dims(om >= 0, 1) & gl.expand_dims(oh < N // 2, 0)
+    else:
+        ok = gl.expand_dims(row_ok, 1) & gl.expand_dims(oh < N // 2, 0)
     ptrs = c_ptr + gl.expand_dims(om.to(gl.int64) * stride_cm, 1) + gl.expand_dims(oh, 0)
     gl.store(ptrs, q.to(gl.float8e4nv), mask=ok)
+
+
+@gluon.jit
+def _store_hs(cs_ptr, scale, om, row_ok):
+    """The rows' h scales (one 1x128 group) with ZPAD: padding rows get 0 (their h rows are zeros)."""
+    gl.store(cs_ptr + om, gl.where(row_ok, scale, 0.0))
 
 
 @gluon.jit

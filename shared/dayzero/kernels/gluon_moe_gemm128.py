@@ -147,7 +147,8 @@ def _consumer1(p, sq, EPI: gl.constexpr, OPT: gl.constexpr, STAGES: gl.constexpr
 
 @gluon.jit
 def _consumer(p, sq, WG: gl.constexpr, EPI: gl.constexpr, OPT: gl.constexpr, STAGES: gl.constexpr,
-              GROUP_M: gl.constexpr, HALF: gl.constexpr, trace_ptr, TRACE: gl.constexpr, WALK: gl.constexpr, SCHED: gl.constexpr):
+              GROUP_M: gl.constexpr, HALF: gl.constexpr, trace_ptr, TRACE: gl.constexpr, WALK: gl.constexpr,
+              SCHED: gl.constexpr):
     """4 warps, every tile of this CTA. Full tile: rows [WG * HM, (WG + 1) * HM), all BN columns. Half
     tile (rows 64-127 all padding): HALF 0 / 2 / 3: rows 0-63, weight block WG (the consumers split N, as
     in ``gluon_moe_gemm``; the gate_up row amax is exchanged through shared memory); HALF 1: warpgroup 0
@@ -177,7 +178,8 @@ def _consumer(p, sq, WG: gl.constexpr, EPI: gl.constexpr, OPT: gl.constexpr, STA
 
 @gluon.jit
 def _consume(p, tile, it, hcount, num_pid_n, WG: gl.constexpr, EPI: gl.constexpr, OPT: gl.constexpr,
-             STAGES: gl.constexpr, GROUP_M: gl.constexpr, HALF: gl.constexpr, trace_ptr, TRACE: gl.constexpr, WALK: gl.constexpr):
+             STAGES: gl.constexpr, GROUP_M: gl.constexpr, HALF: gl.constexpr, trace_ptr, TRACE: gl.constexpr,
+             WALK: gl.constexpr):
     """One consumer's share of walk position ``tile`` (K loop + epilogue); returns (it, hcount)."""
     (a_desc, b_desc, sa_desc, sb_desc, a_bufs, b_bufs, sa_bufs, sb_bufs, ready, empty, xbar, amax_smem, bias_ptr,
      c_ptr, cs_ptr, sorted_ids_ptr, block_expert_ptr, weights_ptr, used_m, N, K, num_pairs, num_kb, stride_biase,

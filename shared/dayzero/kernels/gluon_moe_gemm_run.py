@@ -60,6 +60,8 @@ class GluonConfig:
                                # guards of exp / division (gluon_moe_epi; 17 % fewer epilogue instructions)
     wsplit: bool = False       # bm 128: W as two 128-row TMA boxes, the second skipped past N (last N tile)
     glue_rows: int = 1         # glue: pairs quantized per program of the scatter launch (align_quant_pairs)
+    zpad: bool = False         # bm 128: padding rows of h (gate_up epilogue) and, with glue, of the quantized x
+                               # written as zeros, not left stale (the GEMMs multiply them; power-capped GPU)
 
 
 BM64 = GluonConfig()
@@ -122,8 +124,8 @@ def gemm_ws(a: torch.Tensor, a_scale_t: torch.Tensor, w: torch.Tensor, w_scale_k
         raise ValueError(f"walk must be 0 or 1, and walk 1 needs the alignment's block_span (walk {cfg.walk})")
     if cfg.sched not in (0, 1) or (cfg.sched and bm != 128):
         raise ValueError(f"sched must be 0 or 1 (1: 128-row tiles only), got {cfg.sched} with bm {bm}")
-    if (cfg.fast_epi or cfg.wsplit) and (bm != 128 or (cfg.wsplit and cfg.half == 3)):
-        raise ValueError(f"fast_epi / wsplit need 128-row tiles (wsplit: half 0-2), got bm {bm} half {cfg.half}")
+    if (cfg.fast_epi or cfg.wsplit or cfg.zpad) and (bm != 128 or (cfg.wsplit and cfg.half == 3)):
+        raise ValueError(f"fast_epi / wsplit / zpad need 128-row tiles (wsplit: half 0-2), got bm {bm} half {cfg.half}")
     if not w.is_contiguous():
         raise ValueError("the Gluon MoE GEMM needs contiguous expert weights")
     E = w.shape[0]
@@ -144,7 +146,7 @@ def gemm_ws(a: torch.Tensor, a_scale_t: torch.Tensor, w: torch.Tensor, w_scale_k
         counter = torch.zeros((1, ), dtype=torch.int32, device=a.device) if cfg.sched else al.block_expert
         moe_gemm_ws128_kernel[(progs, )](*args, trace if trace is not None else out, span, counter, HALF=cfg.half,
                                          TRACE=trace is not None, WALK=cfg.walk, SCHED=cfg.sched,
-                                         OPT=int(cfg.fast_epi) | 2 * int(cfg.wsplit), **consts)
+                                         OPT=int(cfg.fast_epi) | 2 * int(cfg.wsplit) | 4 * int(cfg.zpad), **consts)
     else:
         moe_gemm_ws_kernel[(progs, )](*args, span, DIAG=cfg.diag, WALK=cfg.walk, **consts)
 
@@ -163,7 +165,8 @@ class GluonMoeRun(MoeRun):
             self.al = align_pairs(self.ids, self.E, self.tiles.bm, self.offset, span=span)
             return
         self.al, self.xq, self.xs_t = align_quant_pairs(self.x, self.ids, self.E, self.tiles.bm, self.offset,
-                                                        span=span, rows_per_prog=self.cfg.glue_rows)
+                                                        span=span, rows_per_prog=self.cfg.glue_rows,
+                                                        zero_pad=self.cfg.zpad)
 
     def quant(self) -> None:
         if not self.cfg.glue:            # else done by align

@@ -11,7 +11,7 @@ from triton.experimental.gluon import language as gl
 from triton.experimental.gluon.language.nvidia.hopper import (fence_async_shared, mbarrier, warpgroup_mma,
                                                               warpgroup_mma_wait)
 
-from .gluon_moe_epi import _pin, _store_h, _store_y, _swiglu
+from .gluon_moe_epi import _pin, _store_h, _store_hs, _store_y, _swiglu
 
 BM = gl.constexpr(128)    # rows of a tile (= the align block)
 HM = gl.constexpr(64)     # rows per consumer warpgroup
@@ -113,9 +113,12 @@ def _full_tile(p, pid_m, pid_n, e, it, WG: gl.constexpr, EPI: gl.constexpr, OPT:
         om = m0 + gl.arange(0, HM, sl)
         row_ok = gl.load(sorted_ids_ptr + om) < num_pairs
         oh = n0 // 2 + gl.arange(0, WN // 2, gl.SliceLayout(0, st))
-        _store_h(h0, scale, om, row_ok, oh, N, c_ptr, stride_cm, st, (OPT & 1) != 0)
-        _store_h(h1, scale, om, row_ok, oh + WN // 2, N, c_ptr, stride_cm, st, (OPT & 1) != 0)
-        gl.store(cs_ptr + pid_n * stride_cs + om, scale, mask=row_ok)
+        _store_h(h0, scale, om, row_ok, oh, N, c_ptr, stride_cm, st, (OPT & 1) != 0, (OPT & 4) != 0)
+        _store_h(h1, scale, om, row_ok, oh + WN // 2, N, c_ptr, stride_cm, st, (OPT & 1) != 0, (OPT & 4) != 0)
+        if (OPT & 4) != 0:
+            _store_hs(cs_ptr + pid_n * stride_cs, scale, om, row_ok)
+        else:
+            gl.store(cs_ptr + pid_n * stride_cs + om, scale, mask=row_ok)
     else:
         st2: gl.constexpr = gl.BlockedLayout([1, 8], [2, 16], [4, 1], [1, 0])
         pair = gl.load(sorted_ids_ptr + m0 + gl.arange(0, HM, gl.SliceLayout(1, mma)))  # num_pairs = padding row
@@ -167,9 +170,12 @@ def _half_tile(p, pid_m, pid_n, e, it, hcount, WG: gl.constexpr, EPI: gl.constex
         om = m0 + gl.arange(0, HM, sl)
         row_ok = gl.load(sorted_ids_ptr + om) < num_pairs
         oh = n_w // 2 + gl.arange(0, WN // 2, gl.SliceLayout(0, st))
-        _store_h(h, scale, om, row_ok, oh, N, c_ptr, stride_cm, st, (OPT & 1) != 0)
+        _store_h(h, scale, om, row_ok, oh, N, c_ptr, stride_cm, st, (OPT & 1) != 0, (OPT & 4) != 0)
         if WG == 0:
-            gl.store(cs_ptr + pid_n * stride_cs + om, scale, mask=row_ok)
+            if (OPT & 4) != 0:
+                _store_hs(cs_ptr + pid_n * stride_cs, scale, om, row_ok)
+            else:
+                gl.store(cs_ptr + pid_n * stride_cs + om, scale, mask=row_ok)
         hcount += 1
     else:
         st2: gl.constexpr = gl.BlockedLayout([1, 8], [2, 16], [4, 1], [1, 0])

@@ -65,7 +65,8 @@ def _count_kernel(ids_ptr, counts_ptr, P, offset, E, CH: tl.constexpr, EB: tl.co
 @triton.jit
 def _scan_kernel(counts_ptr, cursor_ptr, sorted_ids_ptr, block_expert_ptr, num_chunks, E, P, num_blocks,
                  BM: tl.constexpr, EB: tl.constexpr, NBT: tl.constexpr, pend_ptr=None, BLOCKS: tl.constexpr = True,
-                 CB: tl.constexpr = 16, span_ptr=None, SPAN: tl.constexpr = False):
+                 CB: tl.constexpr = 16, span_ptr=None, SPAN: tl.constexpr = False, rend_ptr=None,
+                 REND: tl.constexpr = False):
     ex = tl.arange(0, EB)
     tot = tl.zeros((EB,), tl.int32)
     if BLOCKS:
@@ -98,6 +99,8 @@ def _scan_kernel(counts_ptr, cursor_ptr, sorted_ids_ptr, block_expert_ptr, num_c
                 _store_span(span_ptr, b, start, before, pend_e[None, :], b < num_blocks, BM, 1)
     else:  # align_quant_pairs: the scatter launch fills block_expert from the run ends
         tl.store(pend_ptr + ex, pend, mask=ex < E)
+        if REND:                                                         # and zeroes the padding rows
+            tl.store(rend_ptr + ex, pstart + tot, mask=ex < E)
 
 
 @triton.jit
@@ -125,12 +128,14 @@ def _scatter_kernel(ids_ptr, cursor_ptr, sorted_ids_ptr, P, offset, E, CH: tl.co
 def _scatter_quant_kernel(ids_ptr, cursor_ptr, pend_ptr, sorted_ids_ptr, block_expert_ptr, x_ptr, q_ptr, s_ptr,
                           P, offset, E, K, stride_xm, stride_qm, stride_st, row_progs,
                           TOPK: tl.constexpr, BM: tl.constexpr, EB: tl.constexpr, NG: tl.constexpr, G: tl.constexpr,
-                          R: tl.constexpr = 1, span_ptr=None, SPAN: tl.constexpr = False):
+                          R: tl.constexpr = 1, span_ptr=None, SPAN: tl.constexpr = False, rend_ptr=None,
+                          ZPAD: tl.constexpr = False):
     """Programs [0, row_progs): pairs [R * pid, R * pid + R) each take a slot in their expert's run and write
     their token's row of x there, quantized 1x128 (q [Mpad, Kp] fp8, s_t [ceil(K/G), Mpad]; as
     ``triton_linear._quant_rows_kernel``). The x rows are loaded and quantized before the slots are taken
     (relaxed atomics; the row's load does not wait for the pair's expert id). Programs [row_progs, row_progs +
-    num_blocks): the expert of M block b (-1 past the last run)."""
+    num_blocks): the expert of M block b (-1 past the last run); ZPAD: also the block's padding rows of q as
+    zeros (scales 0), rend = the runs' real ends."""
     pid = tl.program_id(0)
     if pid < row_progs:
         i = pid * R + tl.arange(0, R)                                       # [R] pairs
@@ -157,16 +162,30 @@ def _scatter_quant_kernel(ids_ptr, cursor_ptr, pend_ptr, sorted_ids_ptr, block_e
         tl.store(block_expert_ptr + b, tl.where(b * BM < tl.max(pend, axis=0), owner, -1))
         if SPAN:
             _store_span(span_ptr, b, b * BM, before, tl.where(ex < E, pend, 2147483647), True, BM, 0)
+        if ZPAD:
+            if b * BM < tl.max(pend, axis=0):
+                lo = tl.maximum(tl.load(rend_ptr + owner), b * BM)               # padding rows of this block
+                hi = tl.minimum(tl.load(pend_ptr + owner), b * BM + BM)
+                cols = tl.arange(0, NG * G)
+                g = tl.arange(0, NG)
+                for r0 in range(lo, hi, 4):
+                    r = r0 + tl.arange(0, 4)
+                    tl.store(q_ptr + r.to(tl.int64)[:, None] * stride_qm + cols[None, :],
+                             tl.zeros((4, NG * G), tl.float8e4nv),
+                             mask=(r < hi)[:, None] & (cols < tl.cdiv(K, G) * G)[None, :])
+                    tl.store(s_ptr + g[None, :] * stride_st + r[:, None], tl.zeros((4, NG), tl.float32),
+                             mask=(r < hi)[:, None] & (g < tl.cdiv(K, G))[None, :])
 
 
 def align_quant_pairs(x: torch.Tensor, ids: torch.Tensor, num_experts: int, block_m: int,
-                      offset: int = 0, span: bool = False,
-                      rows_per_prog: int = 1) -> tuple[AlignedPairs, torch.Tensor, torch.Tensor]:
+                      offset: int = 0, span: bool = False, rows_per_prog: int = 1,
+                      zero_pad: bool = False) -> tuple[AlignedPairs, torch.Tensor, torch.Tensor]:
     """``align_pairs`` and ``triton_linear.quantize_gathered_rows`` in three launches: x [T, K] bf16,
     ids [T, topk] -> (AlignedPairs, q [Mpad, Kp] fp8, s_t [ceil(K/128), Mpad] fp32); q / s_t rows of
     padding slots and empty blocks are left unwritten (see the module docstring). ``span``: also
     ``block_span`` (as ``align_pairs``). ``rows_per_prog`` (a power of 2): pairs quantized per program of the
-    scatter launch (bitwise the same rows and scales whatever it is)."""
+    scatter launch (bitwise the same rows and scales whatever it is). ``zero_pad``: padding rows of used blocks
+    written as zeros (scales 0) instead of left unwritten."""
     if rows_per_prog < 1 or rows_per_prog & (rows_per_prog - 1):
         raise ValueError(f"rows_per_prog must be a power of 2, got {rows_per_prog}")
     if ids.dim() != 2 or x.dim() != 2 or ids.shape[0] != x.shape[0]:
@@ -185,6 +204,7 @@ def align_quant_pairs(x: torch.Tensor, ids: torch.Tensor, num_experts: int, bloc
     counts = torch.empty((nchunks, eb), dtype=torch.int32, device=dev)
     cursor = torch.empty((eb,), dtype=torch.int32, device=dev)
     pend = torch.empty((eb,), dtype=torch.int32, device=dev)
+    rend = torch.empty((eb,), dtype=torch.int32, device=dev) if zero_pad else pend
     sorted_ids = torch.empty((mpad,), dtype=torch.int32, device=dev)
     block_expert = torch.empty((nb,), dtype=torch.int32, device=dev)
     block_span = torch.zeros((nb, 2), dtype=torch.int32, device=dev) if span else None
@@ -195,12 +215,12 @@ def align_quant_pairs(x: torch.Tensor, ids: torch.Tensor, num_experts: int, bloc
         _count_kernel[(nchunks,)](ids, counts, P, offset, E, CH=ch, EB=eb, num_warps=4)
         _scan_kernel[(1,)](counts, cursor, sorted_ids, block_expert, nchunks, E, P, nb,
                            BM=block_m, EB=eb, NBT=16, pend_ptr=pend, BLOCKS=False, CB=max(1, 4096 // eb),
-                           num_warps=4)
+                           rend_ptr=rend, REND=zero_pad, num_warps=4)
         progs = triton.cdiv(P, rows_per_prog)
         _scatter_quant_kernel[(progs + nb,)](ids, cursor, pend, sorted_ids, block_expert, x, q, s_t, P, offset, E, K,
                                              x.stride(0), q.stride(0), s_t.stride(0), progs, TOPK=ids.shape[1],
                                              BM=block_m, EB=eb, NG=ng_p2, G=GROUP, R=rows_per_prog,
-                                             span_ptr=block_span, SPAN=span,
+                                             span_ptr=block_span, SPAN=span, rend_ptr=rend, ZPAD=zero_pad,
                                              num_warps=4 if ng_p2 * rows_per_prog <= 16 else 8)
     else:
         block_expert.fill_(-1)
