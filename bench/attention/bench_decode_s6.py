@@ -1,8 +1,8 @@
-"""Decode attention, session 6: the shipped split-KV kernel (version 2, strided BLOCK_N 64, grid (S, Hkv, B))
-beside candidates at the latency-bound batches (B = 1 / 8), split counts around the heuristic's: the same
-kernel with grid (Hkv, S, B) (``HEAD_MAJOR``: the 8 KV-head programs of a split, which read the 8 128-byte
-pieces of the same 1 KB token rows, launched side by side) and 128-key strided tiles. Every call is the
-registered op (split kernel + merge, PDL where the KV is split, as shipped). Timings per row, all on
+"""Decode attention, session 6: the shipped op beside decode presets (``--configs``: "default" and any name in
+triton_attention_decode.DECODE_PRESETS; call 2 compared grid (S, Hkv, B) ``kernel_strided_n64`` with grid
+(Hkv, S, B) ``kernel_strided_n64_hm``, the default since, and 128-key tiles) at the latency-bound batches
+(B = 1 / 8), split counts around the heuristic's. Every call is the registered op (split kernel + merge, PDL
+where the KV is split, as shipped). Timings per row, all on
 distinct KV memory per call (rotating page tables over a pool larger than L2):
   * ``us``: R calls captured back to back in one CUDA graph, replayed; time per call (the session-5 figures);
   * ``one_us`` (heuristic split count): up to 16 graphs of ONE call each, replayed one after another with
@@ -36,9 +36,14 @@ from dayzero.kernels.triton_attention_splitkv import splitkv_decode  # noqa: E40
 
 SCALE = D ** -0.5
 PLAN = [(1, 1024), (1, 8192), (1, 32768), (1, 131072), (8, 1024), (8, 8192)]
-CFGS = {"default": None}   # the shipped op (version 2 + merge, PDL where split)
-CFGS.update({name: dict(DECODE_PRESETS[name]) for name in ("kernel_strided_n64_hm", "kernel_strided_n128",
-                                                           "kernel_strided_n128_hm")})
+CFGS = {"default": None}   # the shipped op (split kernel + merge, PDL where split)
+# --configs may name any preset: spelled out in full, as DAYZERO_DECODE_ATTENTION=<name> would run it (a config
+# passed to the op only overrides the keys it names; the rest come from the default preset)
+_BASE = dict(BLOCK_N=128, num_warps=4, num_stages=3, MERGE="combine", STRIDED=False, HEAD_MAJOR=False,
+             EARLY_NEW=False, PART_BF16=False)
+CFGS.update({name: dict(_BASE, **preset) for name, preset in DECODE_PRESETS.items()})
+# without --configs: the shipped op, the grid before session 6, and the next candidate
+DEFAULT_CONFIGS = ("default", "kernel_strided_n64", "kernel_strided_n64_hm_en")
 
 
 def one_call_ms(fns: list, samples: int = 3) -> float:
@@ -84,7 +89,7 @@ def main() -> int:
     ap.add_argument("--out", default=os.environ.get("OUT", "."))
     a = ap.parse_args()
     plan = [tuple(int(x) for x in p.split(":")) for p in a.plan.split(",")] if a.plan else PLAN
-    cfgs = {n: CFGS[n] for n in a.configs.split(",")} if a.configs else CFGS
+    cfgs = {n: CFGS[n] for n in (a.configs.split(",") if a.configs else DEFAULT_CONFIGS)}
     ceil_bw = copy_bandwidth()
     meta = dict(run_meta(), copy_tbps=ceil_bw / 1e12)
     print(f"copy {ceil_bw / 1e12:.2f} TB/s; {meta['gpu']}", flush=True)
@@ -113,9 +118,9 @@ def main() -> int:
                         row["one_us"] = one_call_ms(calls[:16]) * 1e3
                         behind = [lambda f=f: (q.mul_(1.0), f()) for f in calls]
                         row["writer_us"] = graph_time_ms(behind) * 1e3 - writer_alone
-                    if ns == heur and ns > 1:   # the split kernel alone (the shipped preset for "default")
-                        kcfg = dict(default_decode_config(D, 0, split=True), PDL=None)
-                        kcfg.update(cfg or {})
+                    kcfg = dict(default_decode_config(D, 0, split=True), PDL=None)
+                    kcfg.update(cfg or {})
+                    if ns == heur and ns > 1 and kcfg["MERGE"] == "kernel":   # the split kernel alone
                         for key in ("MERGE", "PDL"):
                             kcfg.pop(key)
                         split = [lambda t=tables[r], kcfg=kcfg, ns=ns: splitkv_decode(

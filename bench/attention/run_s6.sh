@@ -16,7 +16,7 @@ mkdir -p "$OUT/tests"
 pt() { python3 -m pytest -q -p no:cacheprovider --noconftest -o addopts="" "$@"; }
 run_tests() {
   local pids="" first=1 p kexpr
-  for p in ${PRESETS:-kernel_strided_n64_hm}; do
+  for p in ${PRESETS:-kernel_strided_n64_hm_en}; do
     if [ $first = 1 ]; then kexpr=${TEST_K:-decode or registered or other_shapes or long_sequences or random_batches}
     else kexpr=${TEST_K2:-(decode and not variants) or other_shapes or long_sequences or random_batches}; fi
     first=0

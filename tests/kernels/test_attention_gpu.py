@@ -125,6 +125,7 @@ DECODE_VARIANTS = {  # the decode configs the benchmark may pick (PDL: programma
     "strided_n64_hm": dict(MERGE="kernel", STRIDED=True, BLOCK_N=64, HEAD_MAJOR=True),
     "strided_n64_hm_pdl": dict(MERGE="kernel", STRIDED=True, BLOCK_N=64, HEAD_MAJOR=True, PDL=True),
     "strided_n128_hm": dict(MERGE="kernel", STRIDED=True, BLOCK_N=128, HEAD_MAJOR=True),
+    "strided_n64_hm_en": dict(MERGE="kernel", STRIDED=True, BLOCK_N=64, HEAD_MAJOR=True, EARLY_NEW=True),
 }
 
 
@@ -225,6 +226,7 @@ PDL_TWINS = {  # decode paths whose PDL launch must give the no-PDL launch's bit
     "strided": dict(MERGE="kernel", STRIDED=True, BLOCK_N=64),
     "combine": dict(MERGE="combine"),
     "strided_hm": dict(MERGE="kernel", STRIDED=True, BLOCK_N=64, HEAD_MAJOR=True),
+    "strided_hm_en": dict(MERGE="kernel", STRIDED=True, BLOCK_N=64, HEAD_MAJOR=True, EARLY_NEW=True),
 }
 
 

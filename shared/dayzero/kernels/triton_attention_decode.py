@@ -161,6 +161,9 @@ DECODE_PRESETS = {
     # at B=1 8k / 32k / 128k and B=8 1k / 8k, e.g. B=1 / 32k 24.06 -> 23.78 us; decode and engine graph
     # tests passed under it); 128-key tiles: faster only at B=1 / 128k with 32 splits (72.97 us)
     "kernel_strided_n64_hm": dict(MERGE="kernel", STRIDED=True, BLOCK_N=64, HEAD_MAJOR=True),
+    # candidate, never run on a GPU: split 0's new key / value / sink loads moved before the loop (sm_90: the
+    # 2 dependent loads after the loop leave split 0's tail; same registers, 0 spills)
+    "kernel_strided_n64_hm_en": dict(MERGE="kernel", STRIDED=True, BLOCK_N=64, HEAD_MAJOR=True, EARLY_NEW=True),
     "kernel_strided_n128": dict(MERGE="kernel", STRIDED=True, BLOCK_N=128),
     "kernel_strided_n128_hm": dict(MERGE="kernel", STRIDED=True, BLOCK_N=128, HEAD_MAJOR=True),
 }
@@ -249,7 +252,7 @@ class DecodePlan:
         B = cached_lens.shape[0]
         cfg = dict(default_decode_config(D, window, split=False))   # this module's kernels
         cfg.update(config or {})
-        for key in ("MERGE", "PART_BF16", "STRIDED", "HEAD_MAJOR"):
+        for key in ("MERGE", "PART_BF16", "STRIDED", "HEAD_MAJOR", "EARLY_NEW"):
             cfg.pop(key, None)
         if not cfg.get("maxnreg", 1):
             cfg.pop("maxnreg")

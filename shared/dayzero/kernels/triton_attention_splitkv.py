@@ -90,6 +90,19 @@ def attend_new_and_sink(q, k_row, v_row, offs_d, sink_ptr, heads, g_ok, qk_scale
 
 
 @triton.jit
+def fold_new_and_sink(sn, vn, sink, m_i, l_i, acc):
+    """``attend_new_and_sink`` after its loads (``EARLY_NEW``: the new key's scores ``sn [G]`` and the sinks
+    ``sink [G]`` in log2 units, its value ``vn [D]``). The same operations; kept apart so the shipped kernels'
+    sm_90 code stays what was measured (calling this from attend_new_and_sink changed their scheduling)."""
+    m_new = tl.maximum(tl.maximum(m_i, sn), sink)
+    alpha = tl.math.exp2(m_i - m_new)
+    pn = tl.math.exp2(sn - m_new)
+    l_i = l_i * alpha + pn + tl.math.exp2(sink - m_new)
+    acc = acc * alpha[:, None] + pn[:, None] * vn[None, :]
+    return m_new, l_i, acc
+
+
+@triton.jit
 def group_query(q_ptr, q_row, hkv, stride_qt, stride_qh, GROUP: tl.constexpr, G_P2: tl.constexpr,
                 HEAD_D: tl.constexpr):
     """The GROUP query heads of KV head ``hkv`` at token row ``q_row``: (q [G, D], heads [G], g_ok [G],
@@ -113,7 +126,7 @@ def _decode_split2_kernel(q_ptr, k_ptr, v_ptr, kc_ptr, vc_ptr, bt_ptr, cu_ptr, c
                           GROUP: tl.constexpr, G_P2: tl.constexpr, BS: tl.constexpr, HEAD_D: tl.constexpr,
                           BLOCK_N: tl.constexpr, HAS_WINDOW: tl.constexpr, PART_BF16: tl.constexpr,
                           STRIDED: tl.constexpr, SINGLE: tl.constexpr, PDL: tl.constexpr,
-                          HEAD_MAJOR: tl.constexpr = False):
+                          HEAD_MAJOR: tl.constexpr = False, EARLY_NEW: tl.constexpr = False):
     if PDL:  # nothing is read before the previous grid is done and visible; then the merge may launch
         gdc_wait()
         gdc_launch_dependents()
@@ -142,6 +155,11 @@ def _decode_split2_kernel(q_ptr, k_ptr, v_ptr, kc_ptr, vc_ptr, bt_ptr, cu_ptr, c
     m_i = tl.zeros([G_P2], dtype=tl.float32) - 1.0e30
     l_i = tl.zeros([G_P2], dtype=tl.float32)
     acc = tl.zeros([G_P2, HEAD_D], dtype=tl.float32)
+    if EARLY_NEW:  # the new key / value and the sinks read before the loop (split 0 folds them in after it)
+        kn = tl.load(k_ptr + q_row64 * stride_kt + hkv * stride_kh + offs_d).to(tl.float32)       # [D]
+        vn = tl.load(v_ptr + q_row64 * stride_vt + hkv * stride_vh + offs_d).to(tl.float32)
+        sink = tl.load(sink_ptr + heads, mask=g_ok, other=0.0).to(tl.float32) * 1.4426950408889634
+        sn = tl.sum(q.to(tl.float32) * kn[None, :], 1) * qk_scale                             # [G]
 
     kc_head = kc_ptr + hkv * stride_kch
     vc_head = vc_ptr + hkv * stride_vch
@@ -166,9 +184,12 @@ def _decode_split2_kernel(q_ptr, k_ptr, v_ptr, kc_ptr, vc_ptr, bt_ptr, cu_ptr, c
                                     stride_kct, stride_vcb, stride_vct, qk_scale, m_i, l_i, acc)
 
     if s == 0:  # the new token's own key/value (position ctx) and the sink: split 0 only
-        m_i, l_i, acc = attend_new_and_sink(q, k_ptr + q_row64 * stride_kt + hkv * stride_kh,
-                                            v_ptr + q_row64 * stride_vt + hkv * stride_vh, offs_d,
-                                            sink_ptr, heads, g_ok, qk_scale, m_i, l_i, acc)
+        if EARLY_NEW:
+            m_i, l_i, acc = fold_new_and_sink(sn, vn, sink, m_i, l_i, acc)
+        else:
+            m_i, l_i, acc = attend_new_and_sink(q, k_ptr + q_row64 * stride_kt + hkv * stride_kh,
+                                                v_ptr + q_row64 * stride_vt + hkv * stride_vh, offs_d,
+                                                sink_ptr, heads, g_ok, qk_scale, m_i, l_i, acc)
 
     if SINGLE:  # one split (num_splits == 1): normalise and write the output, no partials
         tl.store(o_ptr + q_row64 * stride_ot + heads[:, None] * stride_oh + offs_d[None, :],
@@ -226,7 +247,9 @@ def splitkv_decode(cfg: dict, num_splits: int, q, k, v, k_cache, v_cache, block_
                    cached_lens, sinks, qk_scale: float, window: int, out: torch.Tensor, pdl: bool = False,
                    merge: bool = True) -> torch.Tensor:
     """Split kernel, then ``_merge_kernel`` (``cfg``: BLOCK_N, STRIDED (full attention only), PART_BF16,
-    HEAD_MAJOR (grid (Hkv, S, B) instead of (S, Hkv, B)), num_warps, num_stages, maxnreg). ``num_splits == 1``: the split kernel alone writes ``out``.
+    HEAD_MAJOR (grid (Hkv, S, B) instead of (S, Hkv, B)), EARLY_NEW (the new key / value and the sinks read
+    before the loop, not after it in split 0), num_warps, num_stages, maxnreg). ``num_splits == 1``: the split
+    kernel alone writes ``out``.
     ``pdl``: both kernels launched with programmatic dependent launch (ignored by the interpreter).
     ``merge=False`` (benchmarks only: the split kernel's time alone) leaves the partials unmerged."""
     cfg = dict(cfg)
@@ -234,6 +257,7 @@ def splitkv_decode(cfg: dict, num_splits: int, q, k, v, k_cache, v_cache, block_
     part_bf16 = bool(cfg.pop("PART_BF16", False))
     strided = bool(cfg.pop("STRIDED", False)) and window == 0
     head_major = bool(cfg.pop("HEAD_MAJOR", False))
+    early_new = bool(cfg.pop("EARLY_NEW", False))
     pdl = bool(pdl) and not interpreting()
     extra = dict(launch_pdl=True) if pdl else {}
     B, Hkv, D = cached_lens.shape[0], k.shape[1], q.shape[2]
@@ -255,7 +279,7 @@ def splitkv_decode(cfg: dict, num_splits: int, q, k, v, k_cache, v_cache, block_
         block_tables.stride(0), out.stride(0), out.stride(1), qk_scale, window, num_splits, block_tables.shape[1],
         GROUP=group, G_P2=max(16, triton.next_power_of_2(group)), BS=k_cache.shape[1], HEAD_D=D, BLOCK_N=bn,
         HAS_WINDOW=window > 0, PART_BF16=part_bf16, STRIDED=strided, SINGLE=single, PDL=pdl,
-        HEAD_MAJOR=head_major, **cfg, **extra)
+        HEAD_MAJOR=head_major, EARLY_NEW=early_new, **cfg, **extra)
     if single or not merge:
         return out
     _merge_kernel[(q.shape[1], B)](cu_seqlens_q, out, mp, lp, op, out.stride(0), out.stride(1), num_splits,
