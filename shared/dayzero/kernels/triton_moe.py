@@ -17,8 +17,9 @@ Two paths (kernel in triton_moe_gemm):
     FP8 (1x128) inside the gate_up epilogue (tile N = 256 = one 128-wide h group).
     On Hopper the registered op runs both large-M GEMMs on the Gluon warp-specialised kernels instead
     (``gluon_prefill``; same numerics): 64-row tiles (``gluon_moe_gemm``, 13-15 % faster per layer), or
-    128-row tiles sharing the weight tile (``gluon_moe_gemm128``) from 1024 routed rows per expert on
-    average (``gluon_moe_gemm_run.config_for``; 20B prefill at 8192 tokens: another 11 %).
+    128-row tiles sharing the weight tile (``gluon_moe_gemm128``, dynamically scheduled, with the fused
+    align + quantization glue) from 256 routed rows per expert on average (``gluon_moe_gemm_run.config_for``;
+    20B and 120B prefill at 8192 tokens).
   * small M (decode, bandwidth bound): bf16 activations x FP8 weights widened in registers; h stays
     bf16. Every touched expert's weights are read once per N tile.
 """
