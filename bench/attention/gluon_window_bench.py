@@ -10,7 +10,9 @@ median, L2 flushed: host enqueue included, as the eager op runs) and ``graph_ms`
 GPU time). The floor: Q, K, V read and O written once at the copy bandwidth measured in the same process
 (``x_floor`` = graph_ms / floor; issue 5 asks <= 1.5). The Triton kernel runs first and again last
 (``triton@end``: drift); ``registered``: the registered op (``triton_attention.attention``, max_seqlen_k 0, as the
-engine calls it: its default Gluon configuration, host dispatch included). JSON: ``<out>/gluon_window.json`` (meta: commit, GPU, date from ``attn_common.run_meta``).
+engine calls it: its default Gluon configuration, host dispatch included). JSON: ``<out>/gluon_window.json`` (``--json-name``; meta: commit, GPU, date from ``attn_common.run_meta``).
+``--diag``: diagnostic configurations (``gluon_attention_window.DIAG_CONFIGS``: wrong output by design, so their
+rel_err / all_written say nothing) timed beside the Triton kernel only.
 """
 
 from __future__ import annotations
@@ -55,13 +57,29 @@ def main() -> int:
     ap.add_argument("--out", default=".")
     ap.add_argument("--n", default="8192,32768")
     ap.add_argument("--configs", default=",".join(RUN_CONFIGS))
+    ap.add_argument("--json-name", default="gluon_window.json")
+    ap.add_argument("--diag", action="store_true",
+                    help="diagnostic configurations (wrong output, timed only): the Triton kernel first, no "
+                         "registered / triton@end rows")
+    ap.add_argument("--warm", action="store_true",
+                    help="only call each configuration once per length (fills the JIT cache beside the tests; "
+                         "nothing timed or written)")
     a = ap.parse_args()
+    if a.warm:
+        for n in (int(x) for x in a.n.split(",")):
+            p = single_sequence(n, 0, seed=n)
+            for name in a.configs.split(","):
+                _impl(name, p, torch.empty_like(p["q"]), n)
+            torch.cuda.synchronize()
+            del p
+        return 0
     out_dir = pathlib.Path(a.out)
     out_dir.mkdir(parents=True, exist_ok=True)
     bw = copy_bandwidth()
     doc = dict(meta=run_meta(), copy_bytes_per_s=bw, shape=dict(hq=HQ, hkv=HKV, d=D, window=WINDOW, sinks=True,
                cached=0), rows=[], errors=[])
-    names = ["triton"] + a.configs.split(",") + ["registered", "triton@end"]
+    names = ["triton"] + a.configs.split(",") + ([] if a.diag else ["registered", "triton@end"])
+    doc["diag"] = a.diag
     for n in (int(x) for x in a.n.split(",")):
         p = single_sequence(n, 0, seed=n)
         floor_ms = n * (2 * HQ + 2 * HKV) * D * 2 / bw * 1e3
@@ -88,7 +106,7 @@ def main() -> int:
                 doc["errors"].append(dict(n=n, impl=name, error=f"{type(e).__name__}: {str(e)[:400]}",
                                           trace=traceback.format_exc()[-1500:]))
                 print(f"N={n:>6} {name:<12} FAILED {type(e).__name__}: {str(e)[:200]}", flush=True)
-            (out_dir / "gluon_window.json").write_text(json.dumps(doc, indent=1))
+            (out_dir / a.json_name).write_text(json.dumps(doc, indent=1))
         del p, refs
         torch.cuda.empty_cache()
     return 0 if not doc["errors"] else 1

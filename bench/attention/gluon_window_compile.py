@@ -11,6 +11,7 @@ configurations build version 2 (``gluon_attention_window_packed``; its window is
 from __future__ import annotations
 
 import argparse
+import hashlib
 import json
 import pathlib
 import re
@@ -37,7 +38,7 @@ def check_packed(name: str, window: int = 128) -> dict:
     from triton.experimental.gluon._runtime import GluonASTSource
 
     from dayzero.kernels.gluon_attention_window import CONFIGS
-    from dayzero.kernels.gluon_attention_window_packed import _store_mode, window_packed_kernel as kern
+    from dayzero.kernels.gluon_attention_window_packed import _diag_mode, _store_mode, window_packed_kernel as kern
 
     cfg = CONFIGS[name]
 
@@ -45,13 +46,15 @@ def check_packed(name: str, window: int = 128) -> dict:
         return f"tensordesc<bf16[{rows}, 64],{gl.NVMMASharedLayout.get_default_for([rows, 64], gl.bfloat16)!r}>"
     sig = {n: "i32" for n in kern.arg_names}
     dw = 16 * cfg.ups
-    sig.update(qd=desc(16), kd=desc(128), kdd=desc(dw), vd=desc(128), vdd=desc(dw), cu_ptr="*i32", sink_ptr="*fp32",
+    quad = f"tensordesc<bf16[16, 4, 64],{gl.NVMMASharedLayout.get_default_for([16, 4, 64], gl.bfloat16)!r}>"
+    sig.update(qd=quad if cfg.q3d else desc(16), kd=desc(128), kdd=desc(dw), vd=desc(128), vdd=desc(dw), cu_ptr="*i32",
+               sink_ptr="*fp32",
                o_ptr="*bf16", qk_scale="fp32", q_ptr="*bf16", k_ptr="*bf16", v_ptr="*bf16")
     consts = dict(GROUP=8, S=cfg.stages, CONSUMER_REGS=cfg.consumer_regs, PRODUCER_REGS=cfg.producer_regs,
                   num_warps=4, NC=cfg.nc, SERIAL=cfg.serial, UPS=cfg.ups,
-                  DIRECT=_store_mode(cfg), PF=cfg.prefetch)
+                  DIRECT=_store_mode(cfg), PF=cfg.prefetch, DIAG=_diag_mode(cfg), Q3=cfg.q3d)
     if _store_mode(cfg) >= 2:
-        sig.update(od=desc(16))
+        sig.update(od=quad if cfg.q3d else desc(16))
     else:
         consts.update(od=None)   # what the JIT does with a None argument
     sig.update({k: "constexpr" for k in consts})
@@ -68,7 +71,8 @@ def check_packed(name: str, window: int = 128) -> dict:
                 smem_kb=round((b.smem - 1024) / 1024, 1), ctas_per_sm=min(by_regs, 227 * 1024 // b.smem),
                 spill_ldl_stl=b.spills, hgmma=b.sass.count("HGMMA"),
                 mufu_ex2=b.sass.count("MUFU.EX2"), sass_total=len(re.findall(r"/\*[0-9a-f]{4,}\*/\s+[A-Z@]", b.sass)),
-                loops=_loops(b.sass), ex2_under_pv=_under_pv(b.sass))
+                loops=_loops(b.sass), ex2_under_pv=_under_pv(b.sass),
+                sass_sha=hashlib.sha256(b.sass.encode()).hexdigest()[:12])
 
 
 def check(name: str, window: int = 128) -> dict:

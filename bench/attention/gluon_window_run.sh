@@ -8,7 +8,8 @@
 # and the registered op at 8k / 32k (gluon_window_bench.py, GLUON_WINDOW_BENCH_S, default 70 s;
 # GLUON_WINDOW_N=8192,... other lengths). Fits a 150 s device call (session 6 call 2: 72 s warm).
 # Writes $OUT/gluon_window.log, $OUT/gluon_window.json (rows; meta: commit, GPU, date) and
-# $OUT/gluon_window_parts.tgz (per-configuration pytest logs). Copy gluon_window.json to
+# $OUT/gluon_window_parts.tgz (per-configuration pytest logs); with GLUON_WINDOW_DIAG also
+# $OUT/gluon_window_diag.json (diagnostic configurations, timed only). Copy gluon_window.json to
 # bench/results/gluon-window-<date>.json afterwards.
 set -u
 cd "$(dirname "$0")/../.."
@@ -29,6 +30,11 @@ echo "=== tests, in parallel ($(date -u +%H:%M:%S))" | tee -a "$log"
 ( DAYZERO_GLUON_WINDOW_CFGS=w2 timeout -k 5 "${GLUON_WINDOW_TEST_S:-70}" "${pt[@]}" \
     -k "emulation_matches or emulation_extreme or check_can_fail or cta_tiles or bounds or chunks or refuses or listed or unsupported" \
     > "$parts/test-common.log" 2>&1; echo $? > "$parts/rc-common" ) &
+# the diagnostic configurations (GLUON_WINDOW_DIAG, below) compiled meanwhile: their timing process then hits the cache
+if [ -n "${GLUON_WINDOW_DIAG:-}" ]; then
+  ( timeout -k 5 "${GLUON_WINDOW_TEST_S:-70}" python3 bench/attention/gluon_window_bench.py --warm \
+      --configs "$GLUON_WINDOW_DIAG" ${GLUON_WINDOW_N:+--n "$GLUON_WINDOW_N"} > "$parts/warm-diag.log" 2>&1 ) &
+fi
 for c in ${cfgs//,/ }; do
   ( DAYZERO_GLUON_WINDOW_CFGS=$c timeout -k 5 "${GLUON_WINDOW_TEST_S:-70}" "${pt[@]}" \
       -k "ragged or narrow or long or matches_emulation" > "$parts/test-$c.log" 2>&1; echo $? > "$parts/rc-$c" ) &
@@ -86,6 +92,15 @@ if [ -n "$passed" ]; then
   [ "$brc" = 0 ] || rc=1
 else
   echo "=== no configuration passed its tests: nothing timed" | tee -a "$log"
+fi
+# GLUON_WINDOW_DIAG=a,b: diagnostic configurations (DIAG_CONFIGS; wrong output, never tested), timed in a process of
+# their own after the others (a hang costs only them): $OUT/gluon_window_diag.json
+if [ -n "${GLUON_WINDOW_DIAG:-}" ]; then
+  echo "=== diagnostics ${GLUON_WINDOW_DIAG} ($(date -u +%H:%M:%S))" | tee -a "$log"
+  timeout -k 5 "${GLUON_WINDOW_DIAG_S:-60}" python3 bench/attention/gluon_window_bench.py --out "$OUT" --diag \
+    --json-name gluon_window_diag.json --configs "$GLUON_WINDOW_DIAG" ${GLUON_WINDOW_N:+--n "$GLUON_WINDOW_N"} \
+    2>&1 | tee -a "$log"
+  echo "=== diagnostics rc=${PIPESTATUS[0]}" | tee -a "$log"
 fi
 # machine paths out of the saved logs
 sed -i -E 's#(/[A-Za-z0-9._-]+)+/(site-packages|dist-packages)/#<site>/#g; s#/(root|tmp)/[^ :]*#<path>#g' \

@@ -187,11 +187,31 @@ def test_registered_window_choice_env(monkeypatch):
     for off in ("0", ""):
         monkeypatch.setenv(WINDOW_GLUON_ENV, off)
         assert gluon_window_choice(*args) is None
-    monkeypatch.setenv(WINDOW_GLUON_ENV, "no_such_config")
-    with pytest.raises(ValueError, match="not a Gluon window configuration"):
-        gluon_window_choice(*args)
+    for bad in ("no_such_config", "pkL3", "pk3s_ns"):          # (the diagnostics write wrong output)
+        monkeypatch.setenv(WINDOW_GLUON_ENV, bad)
+        with pytest.raises(ValueError, match="not a Gluon window configuration"):
+            gluon_window_choice(*args)
     monkeypatch.delenv(WINDOW_GLUON_ENV)
     assert gluon_window_choice(*args) is None                      # not on a GPU
+
+
+def test_packed_diagnostics_are_fenced():
+    """The diagnostic configurations (wrong output by design, timed only) are in CONFIGS, never in RUN_CONFIGS
+    or the registered default, and only the serial consumers build them (needs triton to import, no GPU)."""
+    pytest.importorskip("triton", reason="the Gluon modules need triton")
+    from dayzero.kernels import gluon_attention_window as G
+    from dayzero.kernels.gluon_attention_window_packed import GluonWindowPackedConfig, _diag_mode
+    from dayzero.kernels.triton_attention_prefill import WINDOW_GLUON_DEFAULT
+
+    assert set(G.DIAG_CONFIGS) <= set(G.CONFIGS) and not set(G.DIAG_CONFIGS) & set(G.RUN_CONFIGS)
+    assert WINDOW_GLUON_DEFAULT not in G.DIAG_CONFIGS
+    assert all(_diag_mode(G.CONFIGS[c]) > 0 for c in G.DIAG_CONFIGS)
+    assert all(_diag_mode(c) == 0 for n, c in G.CONFIGS.items()
+               if isinstance(c, GluonWindowPackedConfig) and n not in G.DIAG_CONFIGS)
+    with pytest.raises(ValueError, match="serial"):
+        _diag_mode(GluonWindowPackedConfig(diag=1))
+    with pytest.raises(ValueError, match="diag must be"):
+        _diag_mode(GluonWindowPackedConfig(serial=True, diag=3))
 
 
 # ---------------------------------------------------------------- GPU ----

@@ -122,7 +122,39 @@ CONFIGS = {"w2": GluonWindowConfig(),                                           
            "pk3sq": GluonWindowPackedConfig(nc=3, serial=True, consumer_regs=160, producer_regs=24, maxnreg=128,
                                             store_via_q=True),
            "pk3sq4": GluonWindowPackedConfig(nc=3, serial=True, consumer_regs=160, producer_regs=24, maxnreg=128,
-                                             store_via_q=True, stages=4)}
+                                             store_via_q=True, stages=4),
+           # session 6 round 2 (CPU only before its device call): O through the Q box with 2 units a slot and 3 slots
+           # (216 KB: 6 units of buffering, half the K/V L2 -> SMEM bytes, 160 keys a row), and pk3sq4 with the L2
+           # prefetch of the Q / K / V rows 4 slots ahead
+           "pk3squ2": GluonWindowPackedConfig(nc=3, serial=True, consumer_regs=160, producer_regs=24, maxnreg=128,
+                                              store_via_q=True, ups=2),
+           "pk3sq4p": GluonWindowPackedConfig(nc=3, serial=True, consumer_regs=160, producer_regs=32, maxnreg=128,
+                                              store_via_q=True, stages=4, prefetch=4),
+           # rows (token, head): each quad's Q as one 3D TMA box (2 Q loads a unit instead of 8), O out the same way
+           # through the Q box (pk3sq3d / pk3sq43d: 3 / 4 slots) or by the converted 16-byte stores (pk3s3d)
+           "pk3s3d": GluonWindowPackedConfig(nc=3, serial=True, consumer_regs=160, producer_regs=24, maxnreg=128,
+                                             q3d=True),
+           "pk3sq3d": GluonWindowPackedConfig(nc=3, serial=True, consumer_regs=160, producer_regs=24, maxnreg=128,
+                                              store_via_q=True, q3d=True),
+           "pk3sq43d": GluonWindowPackedConfig(nc=3, serial=True, consumer_regs=160, producer_regs=24, maxnreg=128,
+                                               store_via_q=True, stages=4, q3d=True),
+           # diagnostics (wrong output: timed by gluon_window_run.sh's GLUON_WINDOW_DIAG, never tested): pkL2 / pkL3 /
+           # pkL4 the ring of 2 / 3 / 4 slots with consumers that only wait and release (the load stream's rate
+           # alone, pk3s's producer unchanged), pkL3u2 the same with 2 units a slot; pk3s_ns pk3s without the O store
+           "pkL2": GluonWindowPackedConfig(nc=3, serial=True, consumer_regs=160, producer_regs=24, maxnreg=128,
+                                           stages=2, diag=1),
+           "pkL3": GluonWindowPackedConfig(nc=3, serial=True, consumer_regs=160, producer_regs=24, maxnreg=128,
+                                           diag=1),
+           "pkL4": GluonWindowPackedConfig(nc=3, serial=True, consumer_regs=160, producer_regs=24, maxnreg=128,
+                                           stages=4, diag=1),
+           "pkL3u2": GluonWindowPackedConfig(nc=3, serial=True, consumer_regs=160, producer_regs=24, maxnreg=128,
+                                             ups=2, diag=1),
+           "pk3s_ns": GluonWindowPackedConfig(nc=3, serial=True, consumer_regs=160, producer_regs=24, maxnreg=128,
+                                              diag=2),
+           "pkL33d": GluonWindowPackedConfig(nc=3, serial=True, consumer_regs=160, producer_regs=24, maxnreg=128,
+                                             q3d=True, diag=1)}
+# diagnostics: timed only (gluon_window_run.sh GLUON_WINDOW_DIAG), never tested or registered
+DIAG_CONFIGS = ("pkL2", "pkL3", "pkL4", "pkL3u2", "pk3s_ns", "pkL33d")
 DEFAULT = CONFIGS["w2"]
 # what gluon_window_run.sh tests and times by default: version 1's best (g4) beside version 2's two best (pk3s: the
 # registered op's default since session 6; pk2s). Session 6 (bench/NOTES.md "Gluon window on the GPU"): pk3 /
@@ -392,5 +424,6 @@ def window_attention(q, k, v, k_cache, v_cache, block_tables, cu_seqlens_q, cach
     return out
 
 
-__all__ = ["CONFIGS", "DEFAULT", "RUN_CONFIGS", "GluonWindowConfig", "GluonWindowPackedConfig", "window_attention",
+__all__ = ["CONFIGS", "DEFAULT", "DIAG_CONFIGS", "RUN_CONFIGS", "GluonWindowConfig", "GluonWindowPackedConfig",
+           "window_attention",
            "window_kernel"]

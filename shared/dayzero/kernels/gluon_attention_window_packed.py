@@ -61,12 +61,19 @@ HPW = gl.constexpr(PK_HEADS)  # heads per unit / warpgroup (4)
 # the TMA boxes' shared layouts ([rows, 64] bf16, 128-byte swizzle), computed once: building them per call
 # cost ~14 us of host time each (5 descriptors a call; session 6's first run: 88 us eager vs 63 us graph at 8k)
 _BOX_LAYOUTS = {rows: gl.NVMMASharedLayout.get_default_for([rows, 64], gl.bfloat16) for rows in (16, 32, 128)}
+_QUAD_LAYOUT = gl.NVMMASharedLayout.get_default_for([PK_TOK, PK_HEADS, 64], gl.bfloat16)   # the q3d boxes
 
 
 def _box_desc(t: torch.Tensor, rows: int) -> TensorDescriptor:
     """[T, H, 64] (rows 16-byte aligned) -> 2D descriptor over [T, H * 64] with [rows, 64] boxes."""
     T, H, D = t.shape
     return TensorDescriptor(t, [T, H * D], [t.stride(0), 1], [rows, D], _BOX_LAYOUTS[rows])
+
+
+def _quad_desc(t: torch.Tensor) -> TensorDescriptor:
+    """[T, H, 64] (heads contiguous) -> 3D descriptor with [16 tokens, 4 heads, 64] boxes (``q3d``)."""
+    T, H, D = t.shape
+    return TensorDescriptor(t, [T, H, D], [t.stride(0), t.stride(1), 1], [PK_TOK, PK_HEADS, D], _QUAD_LAYOUT)
 
 
 @dataclass(frozen=True)
@@ -86,6 +93,11 @@ class GluonWindowPackedConfig:
     tma_store: bool = False   # serial only: O staged in a [64, 64] buffer a warpgroup, whole units leave by TMA
     store_via_q: bool = False  # serial only: the same through the item's own Q box (no staging: 4 slots fit)
     prefetch: int = 0         # > 0: the producer prefetches slot v + prefetch's Q / K / V rows into L2 (no smem)
+    q3d: bool = False         # serial only: rows r -> token r // 4, head r % 4; a quad's Q as ONE 3D TMA box
+    #                           [16, 4, 64] (4 x fewer Q loads), with store_via_q O out the same (store modes 0 / 3)
+    diag: int = 0             # serial only, diagnostics (wrong output; timed, never tested): 1 the consumers wait
+    #                           for each slot and release it (the ring's fill rate alone), 2 no O store (the
+    #                           store under a run-time condition that never holds: everything else runs)
 
     nwg = 2                   # head quads a unit (GQA group 8 = 2 x 4 heads)
 
@@ -117,7 +129,7 @@ def _pk_prefetch(pf, row0, row_end, h0, hkv, GROUP: gl.constexpr, UPS: gl.conste
 
 @gluon.jit
 def _pk_producer(p, NWG: gl.constexpr, S: gl.constexpr, UPS: gl.constexpr, PF: gl.constexpr, pf,
-                 GROUP: gl.constexpr):
+                 GROUP: gl.constexpr, Q3: gl.constexpr = False):
     """1 warp: per ring slot of the walk (UPS units, tokens t0 .. t0 + 16 UPS), into slot v % S: K and V rows
     [t0 - 128, t0) and [t0, t0 + 16 UPS) of the KV head (below row 0: TMA zero fill; masked anyway), then each
     unit's Q quads (one [16, 64] box a head). PF > 0: first an L2 prefetch of slot v + PF's rows
@@ -140,19 +152,26 @@ def _pk_producer(p, NWG: gl.constexpr, S: gl.constexpr, UPS: gl.constexpr, PF: g
         tma.async_copy_global_to_shared(kdd, [t0, hkv * HD], ready.index(s), kdg.index(s))
         for j in gl.static_range(UPS):
             for g in gl.static_range(NWG):
-                for hh in gl.static_range(HPW):
-                    tma.async_copy_global_to_shared(qd, [t0 + j * TPU, (h0 + g * HPW + hh) * HD], ready.index(s),
-                                                    q_smem.index((s * UPS + j) * NWG + g).slice(hh * TPU, TPU))
+                if Q3:                   # the quad in one 3D box: rows (token, head) in the [64, 64] buffer
+                    tma.async_copy_global_to_shared(qd, [t0 + j * TPU, h0 + g * HPW, 0], ready.index(s),
+                                                    q_smem.index((s * UPS + j) * NWG + g)._reinterpret(
+                                                        gl.bfloat16, [TPU, HPW, HD], qd.layout))
+                else:
+                    for hh in gl.static_range(HPW):
+                        tma.async_copy_global_to_shared(qd, [t0 + j * TPU, (h0 + g * HPW + hh) * HD],
+                                                        ready.index(s),
+                                                        q_smem.index((s * UPS + j) * NWG + g).slice(hh * TPU, TPU))
         tma.async_copy_global_to_shared(vd, [t0 - 128, hkv * HD], ready.index(s), vm.index(s))
         tma.async_copy_global_to_shared(vdd, [t0, hkv * HD], ready.index(s), vdg.index(s))
 
 
 @gluon.jit
-def _pk_store(o, l_i, o_ptr, q_start, q_len, t0, hbase, stride_ot, stride_oh, DIRECT: gl.constexpr = False):
+def _pk_store(o, l_i, o_ptr, q_start, q_len, t0, hbase, stride_ot, stride_oh, DIRECT: gl.constexpr = False,
+              Q3: gl.constexpr = False):
     """O / l [WM, HD] of an item: row r -> token t0 + r % 16, head hbase + r // 16; rows past the sequence's end
     (and the dummy item, t0 < 0) not stored. DIRECT: stored from the wgmma accumulator layout (4-byte stores,
     no shared-memory round trip: the ring gets the 8 KB a warpgroup the layout conversion needs); else
-    converted to 16-byte rows first."""
+    converted to 16-byte rows first. Q3: row r is token t0 + r // 4, head hbase + r % 4."""
     inv = gl.convert_layout(1.0 / l_i, gl.SliceLayout(1, o.type.layout))
     if DIRECT:
         st: gl.constexpr = o.type.layout
@@ -161,8 +180,12 @@ def _pk_store(o, l_i, o_ptr, q_start, q_len, t0, hbase, stride_ot, stride_oh, DI
         st: gl.constexpr = gl.BlockedLayout([1, 8], [4, 8], [4, 1], [1, 0])    # 16-byte stores, 8 threads a row
         out = gl.convert_layout((o * gl.expand_dims(inv, 1)).to(o_ptr.dtype.element_ty), st)
     r = gl.arange(0, WM, gl.SliceLayout(1, st))
-    tok = t0 + r % TPU
-    head = hbase + r // TPU
+    if Q3:
+        tok = t0 + r // HPW
+        head = hbase + r % HPW
+    else:
+        tok = t0 + r % TPU
+        head = hbase + r // TPU
     col = gl.arange(0, HD, gl.SliceLayout(0, st))
     ptrs = o_ptr + gl.expand_dims((q_start + tok).to(gl.int64) * stride_ot + head * stride_oh, 1) \
         + gl.expand_dims(col, 0)
@@ -171,13 +194,14 @@ def _pk_store(o, l_i, o_ptr, q_start, q_len, t0, hbase, stride_ot, stride_oh, DI
 
 @gluon.jit
 def _pk_store_tma(o, l_i, od, buf, o_ptr, q_start, q_len, t0, hbase, stride_ot, stride_oh,
-                  WAIT_PREV: gl.constexpr = True):
+                  WAIT_PREV: gl.constexpr = True, Q3: gl.constexpr = False):
     """O / l [WM, HD] of an item through the warpgroup's staging buffer ``buf`` [WM, HD] (the Q boxes' 128-byte
     swizzled layout): a whole unit (t0 + 16 <= q_len) leaves as 4 TMA stores of [16, 64] (one a head: rows
     16 hh .. are head hbase + hh, tokens t0 ..; asynchronous, whole 128-byte lines, no LSU stores); the
     sequence's last, partial unit is read back in 16-byte rows and stored masked (TMA would write the rows past
     the sequence, which belong to the next one). WAIT_PREV: the previous item's stores must have read ``buf``
-    first (a staging buffer reused item after item; not when ``buf`` is the item's own Q box)."""
+    first (a staging buffer reused item after item; not when ``buf`` is the item's own Q box). Q3: rows (token,
+    head) as the Q box's, the whole unit as one 3D box [16, 4, 64] (``od`` a 3D descriptor)."""
     inv = gl.convert_layout(1.0 / l_i, gl.SliceLayout(1, o.type.layout))
     val = (o * gl.expand_dims(inv, 1)).to(gl.bfloat16)
     if WAIT_PREV:
@@ -187,14 +211,22 @@ def _pk_store_tma(o, l_i, od, buf, o_ptr, q_start, q_len, t0, hbase, stride_ot, 
     fence_async_shared()
     gl.thread_barrier()                  # every thread's rows are in buf before the TMA stores read it
     if t0 + TPU <= q_len:
-        for hh in gl.static_range(HPW):
-            tma.async_copy_shared_to_global(od, [q_start + t0, (hbase + hh) * HD], buf.slice(hh * TPU, TPU))
+        if Q3:
+            tma.async_copy_shared_to_global(od, [q_start + t0, hbase, 0],
+                                            buf._reinterpret(gl.bfloat16, [TPU, HPW, HD], od.layout))
+        else:
+            for hh in gl.static_range(HPW):
+                tma.async_copy_shared_to_global(od, [q_start + t0, (hbase + hh) * HD], buf.slice(hh * TPU, TPU))
     else:
         st: gl.constexpr = gl.BlockedLayout([1, 8], [4, 8], [4, 1], [1, 0])    # 16-byte stores, 8 threads a row
         out = buf.load(st)
         r = gl.arange(0, WM, gl.SliceLayout(1, st))
-        tok = t0 + r % TPU
-        head = hbase + r // TPU
+        if Q3:
+            tok = t0 + r // HPW
+            head = hbase + r % HPW
+        else:
+            tok = t0 + r % TPU
+            head = hbase + r // TPU
         col = gl.arange(0, HD, gl.SliceLayout(0, st))
         ptrs = o_ptr + gl.expand_dims((q_start + tok).to(gl.int64) * stride_ot + head * stride_oh, 1) \
             + gl.expand_dims(col, 0)
@@ -202,15 +234,20 @@ def _pk_store_tma(o, l_i, od, buf, o_ptr, q_start, q_len, t0, hbase, stride_ot, 
 
 
 @gluon.jit
-def _pk_rows(sink_ptr, h0, window, DW: gl.constexpr):
-    """Per-row constants of a consumer: (rt = r % 16, both quads' sinks (log2 units), rt + 129 - window, and in
-    the diagonal tile's row layout rt and rt + 1 - window; column indices of both tiles)."""
+def _pk_rows(sink_ptr, h0, window, DW: gl.constexpr, Q3: gl.constexpr = False):
+    """Per-row constants of a consumer: (rt = r % 16 (Q3: r // 4), both quads' sinks (log2 units), rt + 129 - window,
+    and in the diagonal tile's row layout rt and rt + 1 - window; column indices of both tiles)."""
     a_l: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1], instr_shape=[16, 128, 16])
     d_l: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1], instr_shape=[16, DW, 16])
     r = gl.arange(0, WM, gl.SliceLayout(1, a_l))
-    rt = r % TPU
-    sink0 = gl.load(sink_ptr + h0 + r // TPU).to(gl.float32) * 1.4426950408889634        # heads 0 .. 3
-    sink1 = gl.load(sink_ptr + h0 + HPW + r // TPU).to(gl.float32) * 1.4426950408889634  # heads 4 .. 7
+    if Q3:
+        rt = r // HPW
+        hr = r % HPW
+    else:
+        rt = r % TPU
+        hr = r // TPU
+    sink0 = gl.load(sink_ptr + h0 + hr).to(gl.float32) * 1.4426950408889634        # heads 0 .. 3
+    sink1 = gl.load(sink_ptr + h0 + HPW + hr).to(gl.float32) * 1.4426950408889634  # heads 4 .. 7
     lo_w = rt + 129 - window                                                 # first column in the window
     rtd = gl.expand_dims(gl.convert_layout(rt, gl.SliceLayout(1, d_l)), 1)
     lwd = gl.expand_dims(gl.convert_layout(lo_w, gl.SliceLayout(1, d_l)), 1) - 128
@@ -298,7 +335,7 @@ def _pk_consumer(p, WG: gl.constexpr, NC: gl.constexpr, S: gl.constexpr, UPS: gl
 
 @gluon.jit
 def _pk_consumer_serial(p, WG: gl.constexpr, NC: gl.constexpr, S: gl.constexpr, UPS: gl.constexpr,
-                        DIRECT: gl.constexpr, st):
+                        DIRECT: gl.constexpr, st, DIAG: gl.constexpr = 0, Q3: gl.constexpr = False):
     """``_pk_consumer`` without the cross-item overlap inside a warpgroup (S, softmax, PV, store in turn: no P
     or O in flight while S is live, so 3 warpgroups fit 160 registers); the tensor core and the exps overlap
     across the warpgroups only. Each item's slot arrival right after its PV."""
@@ -308,67 +345,75 @@ def _pk_consumer_serial(p, WG: gl.constexpr, NC: gl.constexpr, S: gl.constexpr, 
     a_l: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1], instr_shape=[16, 128, 16])
     d_l: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1], instr_shape=[16, DW, 16])
     o_l: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1], instr_shape=[16, HD, 16])
-    sink0, sink1, lo_w, rtd, lwd, ca, cd = _pk_rows(sink_ptr, h0, window, DW)
+    sink0, sink1, lo_w, rtd, lwd, ca, cd = _pk_rows(sink_ptr, h0, window, DW, Q3)
     for i in range(WG, gl.cdiv(n_units, UPS) * (2 * UPS), NC):
         v = i // (2 * UPS)
         j = (i // 2) % UPS
         half = i % 2
         s = v % S
         mbarrier.wait(ready.index(s), (v // S) & 1)
-        q_s = q_smem.index((s * UPS + j) * 2 + half)
-        sa = warpgroup_mma(q_s, km.index(s).permute((1, 0)), gl.zeros([WM, 128], gl.float32, a_l), use_acc=False,
-                           is_async=True)
-        sd = warpgroup_mma(q_s, kdg.index(s).permute((1, 0)), gl.zeros([WM, DW], gl.float32, d_l),
-                           use_acc=False, is_async=True)
-        sa, sd = warpgroup_mma_wait(0, deps=(sa, sd))
-        t0s = tok0 + v * DW
-        pra, prd, l_i = _pk_softmax(sa, sd, half, j * TPU, t0s, qk_scale, sink0, sink1, lo_w, rtd, lwd, ca, cd)
-        o = warpgroup_mma(_to_a(pra, o_l), vm.index(s), gl.zeros([WM, HD], gl.float32, o_l), use_acc=False,
-                          is_async=True)
-        o = warpgroup_mma(_to_a(prd, o_l), vdg.index(s), o, is_async=True)
-        o = warpgroup_mma_wait(0, deps=(o, ))
-        if DIRECT == 3:                  # O leaves through the item's own Q box (its QK^T is done): no staging
-            _pk_store_tma(o, l_i, st[0], q_s, o_ptr, q_start, q_len, t0s + j * TPU, h0 + half * HPW, stride_ot,
-                          stride_oh, False)
-            tma.store_wait(0)            # the stores have read the box before the slot is released
-            gl.thread_barrier()
-        fence_async_shared()
-        mbarrier.arrive(empty.index(s))
-        if DIRECT == 2:
-            _pk_store_tma(o, l_i, st[0], st[1].index(WG), o_ptr, q_start, q_len, t0s + j * TPU, h0 + half * HPW,
-                          stride_ot, stride_oh)
-        elif DIRECT < 2:
-            _pk_store(o, l_i, o_ptr, q_start, q_len, t0s + j * TPU, h0 + half * HPW, stride_ot, stride_oh,
-                      DIRECT == 1)
+        if DIAG == 1:                    # diagnostic: the ring's fill rate alone (nothing computed or stored)
+            mbarrier.arrive(empty.index(s))
+        else:
+            q_s = q_smem.index((s * UPS + j) * 2 + half)
+            sa = warpgroup_mma(q_s, km.index(s).permute((1, 0)), gl.zeros([WM, 128], gl.float32, a_l), use_acc=False,
+                               is_async=True)
+            sd = warpgroup_mma(q_s, kdg.index(s).permute((1, 0)), gl.zeros([WM, DW], gl.float32, d_l),
+                               use_acc=False, is_async=True)
+            sa, sd = warpgroup_mma_wait(0, deps=(sa, sd))
+            t0s = tok0 + v * DW
+            pra, prd, l_i = _pk_softmax(sa, sd, half, j * TPU, t0s, qk_scale, sink0, sink1, lo_w, rtd, lwd, ca, cd)
+            o = warpgroup_mma(_to_a(pra, o_l), vm.index(s), gl.zeros([WM, HD], gl.float32, o_l), use_acc=False,
+                              is_async=True)
+            o = warpgroup_mma(_to_a(prd, o_l), vdg.index(s), o, is_async=True)
+            o = warpgroup_mma_wait(0, deps=(o, ))
+            if DIRECT == 3:                  # O leaves through the item's own Q box (its QK^T is done): no staging
+                _pk_store_tma(o, l_i, st[0], q_s, o_ptr, q_start, q_len, t0s + j * TPU, h0 + half * HPW, stride_ot,
+                              stride_oh, False, Q3)
+                tma.store_wait(0)            # the stores have read the box before the slot is released
+                gl.thread_barrier()
+            fence_async_shared()
+            mbarrier.arrive(empty.index(s))
+            if DIRECT == 2:
+                _pk_store_tma(o, l_i, st[0], st[1].index(WG), o_ptr, q_start, q_len, t0s + j * TPU, h0 + half * HPW,
+                              stride_ot, stride_oh)
+            elif DIRECT < 2:
+                if DIAG == 2:                # diagnostic: no O store (a run-time condition that never holds)
+                    if q_len < 0:
+                        _pk_store(o, l_i, o_ptr, q_start, q_len, t0s + j * TPU, h0 + half * HPW, stride_ot,
+                                  stride_oh, DIRECT == 1, Q3)
+                else:
+                    _pk_store(o, l_i, o_ptr, q_start, q_len, t0s + j * TPU, h0 + half * HPW, stride_ot, stride_oh,
+                              DIRECT == 1, Q3)
     if DIRECT == 2:
         tma.store_wait(0)                # every store issued has read its buffer before the CTA exits
 
 
 @gluon.jit
 def _pk_consumer_any(p, WG: gl.constexpr, NC: gl.constexpr, S: gl.constexpr, SERIAL: gl.constexpr,
-                     UPS: gl.constexpr, DIRECT: gl.constexpr, st):
+                     UPS: gl.constexpr, DIRECT: gl.constexpr, st, DIAG: gl.constexpr, Q3: gl.constexpr):
     if SERIAL:
-        _pk_consumer_serial(p, WG, NC, S, UPS, DIRECT, st)
+        _pk_consumer_serial(p, WG, NC, S, UPS, DIRECT, st, DIAG, Q3)
     else:
         _pk_consumer(p, WG, NC, S, UPS, DIRECT == 1)
 
 
 @gluon.jit
 def _pk_consumer0(p, NC: gl.constexpr, S: gl.constexpr, SERIAL: gl.constexpr, UPS: gl.constexpr,
-                  DIRECT: gl.constexpr, st):
-    _pk_consumer_any(p, 0, NC, S, SERIAL, UPS, DIRECT, st)
+                  DIRECT: gl.constexpr, st, DIAG: gl.constexpr, Q3: gl.constexpr):
+    _pk_consumer_any(p, 0, NC, S, SERIAL, UPS, DIRECT, st, DIAG, Q3)
 
 
 @gluon.jit
 def _pk_consumer1(p, NC: gl.constexpr, S: gl.constexpr, SERIAL: gl.constexpr, UPS: gl.constexpr,
-                  DIRECT: gl.constexpr, st):
-    _pk_consumer_any(p, 1, NC, S, SERIAL, UPS, DIRECT, st)
+                  DIRECT: gl.constexpr, st, DIAG: gl.constexpr, Q3: gl.constexpr):
+    _pk_consumer_any(p, 1, NC, S, SERIAL, UPS, DIRECT, st, DIAG, Q3)
 
 
 @gluon.jit
 def _pk_consumer2(p, NC: gl.constexpr, S: gl.constexpr, SERIAL: gl.constexpr, UPS: gl.constexpr,
-                  DIRECT: gl.constexpr, st):
-    _pk_consumer_any(p, 2, NC, S, SERIAL, UPS, DIRECT, st)
+                  DIRECT: gl.constexpr, st, DIAG: gl.constexpr, Q3: gl.constexpr):
+    _pk_consumer_any(p, 2, NC, S, SERIAL, UPS, DIRECT, st, DIAG, Q3)
 
 
 @gluon.jit
@@ -376,11 +421,13 @@ def window_packed_kernel(qd, kd, kdd, vd, vdd, cu_ptr, sink_ptr, o_ptr, stride_o
                          units_per_cta, q_ptr, k_ptr, v_ptr, stride_qt, stride_kt, stride_vt, od, GROUP: gl.constexpr,
                          S: gl.constexpr, CONSUMER_REGS: gl.constexpr, PRODUCER_REGS: gl.constexpr,
                          num_warps: gl.constexpr, NC: gl.constexpr = 2, SERIAL: gl.constexpr = False,
-                         UPS: gl.constexpr = 1, DIRECT: gl.constexpr = False, PF: gl.constexpr = 0):
+                         UPS: gl.constexpr = 1, DIRECT: gl.constexpr = False, PF: gl.constexpr = 0,
+                         DIAG: gl.constexpr = 0, Q3: gl.constexpr = False):
     """Grid (KV heads, chunks of ``units_per_cta`` units of 16 tokens (a multiple of UPS), sequences). DIRECT: how
     O is stored (0 through a layout conversion, 1 from the wgmma layout, 2 TMA from a staging buffer per consumer
     warpgroup, 3 TMA from the item's Q box, released after the stores read it; 2 and 3: ``od`` the descriptor of
-    out's [16, 64] boxes, None otherwise)."""
+    out's [16, 64] boxes, None otherwise). DIAG (serial only): 0 the kernel, 1 / 2 diagnostics (config ``diag``).
+    Q3: rows (token, head), ``qd`` (and ``od``) 3D descriptors of [16, 4, 64] boxes (config ``q3d``)."""
     NWG: gl.constexpr = GROUP // HPW     # head quads a unit (2)
     hkv = gl.program_id(0)
     b = gl.program_id(2)
@@ -390,13 +437,13 @@ def window_packed_kernel(qd, kd, kdd, vd, vdd, cu_ptr, sink_ptr, o_ptr, stride_o
     n_units = gl.minimum(gl.cdiv(q_len, TPU) - u0, units_per_cta)
     if n_units <= 0:
         return
-    q_smem = gl.allocate_shared_memory(gl.bfloat16, [S * UPS * NWG, WM, HD], qd.layout)
+    q_smem = gl.allocate_shared_memory(gl.bfloat16, [S * UPS * NWG, WM, HD], kd.layout)  # (128-byte swizzle)
     km = gl.allocate_shared_memory(gl.bfloat16, [S, 128, HD], kd.layout)
     kdg = gl.allocate_shared_memory(gl.bfloat16, [S, UPS * TPU, HD], kdd.layout)
     vm = gl.allocate_shared_memory(gl.bfloat16, [S, 128, HD], vd.layout)
     vdg = gl.allocate_shared_memory(gl.bfloat16, [S, UPS * TPU, HD], vdd.layout)
     if DIRECT == 2:
-        o_stage = gl.allocate_shared_memory(gl.bfloat16, [NC, WM, HD], qd.layout)
+        o_stage = gl.allocate_shared_memory(gl.bfloat16, [NC, WM, HD], kd.layout)
     else:
         o_stage = q_smem                                                         # (unused: no allocation)
     st = (od, o_stage)
@@ -411,14 +458,15 @@ def window_packed_kernel(qd, kd, kdd, vd, vdd, cu_ptr, sink_ptr, o_ptr, stride_o
     pf = (q_ptr, k_ptr, v_ptr, stride_qt, stride_kt, stride_vt)
     # (constexprs written out in each tuple: a shared tuple of them would turn them into tensors)
     if NC == 2:
-        gl.warp_specialize([(_pk_consumer0, (p, NC, S, SERIAL, UPS, DIRECT, st)),
-                            (_pk_consumer1, (p, NC, S, SERIAL, UPS, DIRECT, st)),
-                            (_pk_producer, (p, NWG, S, UPS, PF, pf, GROUP))], [4, 1], [CONSUMER_REGS, PRODUCER_REGS])
+        gl.warp_specialize([(_pk_consumer0, (p, NC, S, SERIAL, UPS, DIRECT, st, DIAG, Q3)),
+                            (_pk_consumer1, (p, NC, S, SERIAL, UPS, DIRECT, st, DIAG, Q3)),
+                            (_pk_producer, (p, NWG, S, UPS, PF, pf, GROUP, Q3))], [4, 1],
+                           [CONSUMER_REGS, PRODUCER_REGS])
     else:
-        gl.warp_specialize([(_pk_consumer0, (p, NC, S, SERIAL, UPS, DIRECT, st)),
-                            (_pk_consumer1, (p, NC, S, SERIAL, UPS, DIRECT, st)),
-                            (_pk_consumer2, (p, NC, S, SERIAL, UPS, DIRECT, st)),
-                            (_pk_producer, (p, NWG, S, UPS, PF, pf, GROUP))], [4, 4, 1],
+        gl.warp_specialize([(_pk_consumer0, (p, NC, S, SERIAL, UPS, DIRECT, st, DIAG, Q3)),
+                            (_pk_consumer1, (p, NC, S, SERIAL, UPS, DIRECT, st, DIAG, Q3)),
+                            (_pk_consumer2, (p, NC, S, SERIAL, UPS, DIRECT, st, DIAG, Q3)),
+                            (_pk_producer, (p, NWG, S, UPS, PF, pf, GROUP, Q3))], [4, 4, 1],
                            [CONSUMER_REGS, CONSUMER_REGS, PRODUCER_REGS])
 
 
@@ -426,7 +474,18 @@ def _store_mode(cfg: GluonWindowPackedConfig) -> int:
     """The kernel's DIRECT constexpr: 0 layout conversion, 1 wgmma layout, 2 TMA via staging, 3 TMA via the Q box."""
     if (cfg.tma_store or cfg.store_via_q) and not cfg.serial:
         raise ValueError(f"TMA stores of O are built for the serial consumers only; config {cfg}")
+    if cfg.q3d and (not cfg.serial or cfg.tma_store or cfg.direct_store):
+        raise ValueError(f"q3d is built for the serial consumers with store modes 0 / 3 only; config {cfg}")
     return 3 if cfg.store_via_q else 2 if cfg.tma_store else int(cfg.direct_store)
+
+
+def _diag_mode(cfg: GluonWindowPackedConfig) -> int:
+    """The kernel's DIAG constexpr (serial consumers only; ``diag`` > 0 writes no or part of the output)."""
+    if cfg.diag and not cfg.serial:
+        raise ValueError(f"the diagnostics are built for the serial consumers only; config {cfg}")
+    if cfg.diag not in (0, 1, 2):
+        raise ValueError(f"diag must be 0, 1 or 2; config {cfg}")
+    return cfg.diag
 
 
 def window_packed_attention(q, k, v, cu_seqlens_q, sinks, scale: float, window: int, max_seqlen_q: int,
@@ -442,17 +501,21 @@ def window_packed_attention(q, k, v, cu_seqlens_q, sinks, scale: float, window: 
     sms = torch.cuda.get_device_properties(q.device).multi_processor_count
     per, n_chunks = packed_chunk(max_seqlen_q, B * hkv, sms, cfg.min_units, cfg.ups)
     dw = PK_TOK * cfg.ups
-    window_packed_kernel[(hkv, n_chunks, B)](_box_desc(q, PK_TOK), _box_desc(k, 128), _box_desc(k, dw),
+    mode = _store_mode(cfg)
+    if cfg.q3d:
+        qd, od = _quad_desc(q), (_quad_desc(out) if mode >= 2 else None)
+    else:
+        qd, od = _box_desc(q, PK_TOK), (_box_desc(out, PK_TOK) if mode >= 2 else None)
+    window_packed_kernel[(hkv, n_chunks, B)](qd, _box_desc(k, 128), _box_desc(k, dw),
                                              _box_desc(v, 128), _box_desc(v, dw), cu_seqlens_q, sinks, out,
                                              out.stride(0), out.stride(1), scale * LOG2E, window, per, q, k, v,
                                              q.stride(0), k.stride(0), v.stride(0),
-                                             _box_desc(out, PK_TOK) if _store_mode(cfg) >= 2 else None,
+                                             od,
                                              GROUP=Hq // hkv,
                                              S=cfg.stages, CONSUMER_REGS=cfg.consumer_regs,
                                              PRODUCER_REGS=cfg.producer_regs, num_warps=4, maxnreg=cfg.maxnreg,
                                              NC=cfg.nc, SERIAL=cfg.serial, UPS=cfg.ups,
-                                             DIRECT=_store_mode(cfg),
-                                             PF=cfg.prefetch)
+                                             DIRECT=mode, PF=cfg.prefetch, DIAG=_diag_mode(cfg), Q3=cfg.q3d)
     return out
 
 

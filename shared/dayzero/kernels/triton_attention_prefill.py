@@ -262,11 +262,12 @@ def gluon_window_choice(q, k, v, out, window: int, config: dict | None, cached_l
     name = os.environ.get(WINDOW_GLUON_ENV, WINDOW_GLUON_DEFAULT)
     if name in ("", "0"):
         return None
-    from .gluon_attention_window import CONFIGS, GluonWindowPackedConfig
+    from .gluon_attention_window import CONFIGS, DIAG_CONFIGS, GluonWindowPackedConfig
     from .gluon_attention_window_schedule import check_window_supported
 
-    if name not in CONFIGS:
-        raise ValueError(f"{WINDOW_GLUON_ENV}={name!r} is not a Gluon window configuration ({', '.join(CONFIGS)})")
+    if name not in CONFIGS or name in DIAG_CONFIGS:   # (the diagnostics write wrong output by design)
+        raise ValueError(f"{WINDOW_GLUON_ENV}={name!r} is not a Gluon window configuration "
+                         f"({', '.join(c for c in CONFIGS if c not in DIAG_CONFIGS)})")
     if config or window != WINDOW_GLUON_SIZE or not q.is_cuda or q.dim() != 3 or k.dim() != 3 \
             or torch.cuda.get_device_capability(q.device) != (9, 0):
         return None
