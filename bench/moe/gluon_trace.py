@@ -40,7 +40,8 @@ def tile_times(run, stage: str) -> dict:
     """Run ``stage`` ('gate_up' | 'down') of a bm-128 ``GluonMoeRun`` once with the per-tile trace and
     summarise it: median us of full / half tiles, half tiles with and without a
     same-(expert, N tile) full tile overlapping them, the span of the launch (first tile start to last
-    tile end) and the launch's CUDA-event time (the span plus launch, prologue and drain)."""
+    tile end) and the launch's CUDA-event time (the span plus the CTAs' prologue and drain; compiled
+    beforehand by the run)."""
     from dayzero.kernels import gluon_moe_gemm_run as gr
 
     ex, al = run.experts, run.al
@@ -50,7 +51,8 @@ def tile_times(run, stage: str) -> dict:
     trace = torch.zeros((nbm * num_pid_n, 4), dtype=torch.int64, device=run.x.device)
     ev0, ev1 = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
     torch.cuda.synchronize()
-    ev0.record()
+    torch.cuda._sleep(2_000_000)     # ~1 ms of GPU work ahead of ev0: the host's launch work hides behind it (run 9
+    ev0.record()                     # call 1 recorded ev0 on an idle stream and timed the Python launch too)
     if stage == "gate_up":
         gr.gemm_ws(run.xq, run.xs_t, ex.gate_up, run._scales_by_k("gate_up"), ex.gate_up_bias, run.h, run.hs_t,
                    al, run.weights, K=run.H, N=N, epi=1, limit=run.limit, cfg=run.cfg, trace=trace)
