@@ -93,7 +93,7 @@ def split_configs(labels=None):
             if t.gemv and (kern is S.gate_up_kernel or t.gemv_down):  # T = 1 on the GEMV kernels (20B, K = 2880)
                 bn = t.bn_gate_up if kern is S.gate_up_kernel else t.bn_down
                 consts = dict(BN=bn, BK=t.gemv_bk, U=t.gemv_u, EVEN_K=2880 % (t.gemv_bk * t.gemv_u) == 0,
-                              PIPE=t.gemv_pipe, G=t.gemv_group)
+                              PIPE=t.gemv_pipe, G=t.gemv_group, PFD=t.gemv_prefetch)
                 if kern is S.down_kernel:
                     consts.update(TOPK=4, PB=16, DOT_F32=False, PDL=t.pdl, PF=t.prefetch_down if t.pdl else 0)
                 else:

@@ -2,10 +2,11 @@
 as a ``DAYZERO_MOE_SMALL_TILES`` rule ("name@max_pairs,...") for the device tests of the engine
 (run.sh step ``small_graph``) and a table (stderr) of every variant against the shipped default.
 
-    python3 bench/moe/pick_small.py OUT/moe-small.json
+    python3 bench/moe/pick_small.py OUT/moe-small.json [OUT/small-tests.xml]
 
 A variant replaces the shipped default at a T only when it is faster at both E = 32 and E = 128 by
-more than ``MARGIN`` (run-to-run spread of graph timings here: ~1 %); else the default stays.
+more than ``MARGIN`` (run-to-run spread of graph timings here: ~1 %); else the default stays. With the
+GPU tests' JUnit XML, a variant named in the id of any failed or erroring test is never picked.
 """
 
 from __future__ import annotations
@@ -25,8 +26,22 @@ def shipped(T: int) -> str:
     return next(n for n, v in VARIANTS.items() if v == t)
 
 
-def pick(rows: list) -> tuple[str, list]:
-    us = {(r["E"], r["T"], r["variant"]): r["us"] for r in rows if r.get("section") == "small_graph" and "us" in r}
+def failed_variants(xml_path: str) -> set:
+    """``split_<name>`` of every variant named last in the parameter id of a failed / erroring test."""
+    import xml.etree.ElementTree as ET
+
+    out = set()
+    for case in ET.parse(xml_path).iter("testcase"):
+        if case.find("failure") is not None or case.find("error") is not None:
+            name = case.get("name", "")
+            if "[" in name:
+                out.add("split_" + name[name.index("[") + 1:-1].split("-")[-1])
+    return out
+
+
+def pick(rows: list, bad: frozenset = frozenset()) -> tuple[str, list]:
+    us = {(r["E"], r["T"], r["variant"]): r["us"] for r in rows if r.get("section") == "small_graph" and "us" in r
+          and r["variant"] not in bad}
     rule, table = [], []
     for T in sorted({t for _, t, _ in us if t <= 8}):
         names = {v for e, t, v in us if t == T and v.startswith("split_") and (32, T, v) in us and (128, T, v) in us}
@@ -48,7 +63,10 @@ def pick(rows: list) -> tuple[str, list]:
 def main() -> int:
     with open(sys.argv[1], encoding="utf-8") as f:
         rows = json.load(f)["rows"]
-    rule, table = pick(rows)
+    bad = frozenset(failed_variants(sys.argv[2])) if len(sys.argv) > 2 else frozenset()
+    if bad:
+        print("not picked (failed GPU tests):", ", ".join(sorted(bad)), file=sys.stderr)
+    rule, table = pick(rows, bad)
     for T, choice, times in table:
         print(f"T={T}: {choice} | " + " ".join(f"{v}={a}/{b}" for v, (a, b) in times.items()), file=sys.stderr)
     print(rule)

@@ -25,12 +25,13 @@ step decode120 90 python3 -m dayzero bench decode --model 120b --batch 1,64 --co
   --json "$OUT/bench-decode-120b.json"
 # decode MoE (not in the default list: MOE_STEPS=small): bench first (its worker processes fill Triton's
 # cache for the tests too), then the GPU tests of the split-K path over 2 pytest-xdist workers (each builds ~37 GB of test experts)
-step small "${MOE_SMALL_TIMEOUT:-230}" sh -c 'timeout "${MOE_SMALL_BENCH_S:-130}" python3 bench/moe/bench_small.py --out "$1" ${MOE_SMALL_ARGS:-}; r=$?; timeout "${MOE_SMALL_TEST_S:-95}" python3 -m pytest -q -n 2 -p no:cacheprovider --noconftest -o addopts="" tests/kernels/test_moe_small_gpu.py -k "${MOE_SMALL_TEST_K:-split or registered}" || r=1; exit $r' _ "$OUT"
+step small "${MOE_SMALL_TIMEOUT:-230}" sh -c 'timeout "${MOE_SMALL_BENCH_S:-130}" python3 bench/moe/bench_small.py --out "$1" ${MOE_SMALL_ARGS:-}; r=$?; timeout "${MOE_SMALL_TEST_S:-95}" python3 -m pytest -q -n 2 -p no:cacheprovider --noconftest -o addopts="" tests/kernels/test_moe_small_gpu.py -k "${MOE_SMALL_TEST_K:-split or registered}" --junitxml "$1/small-tests.xml" || r=1; exit $r' _ "$OUT"
 # after a change of the decode MoE default (MOE_STEPS=small,small_graph): the engine's CUDA-graph decode test;
 # MOE_SMALL_PICK=1: first the split tiles that won in this call's bench (pick_small.py) become the default
 # through DAYZERO_MOE_SMALL_TILES, and the registered-op / graph-replay tests of the decode MoE run on them too
 step small_graph "${MOE_SMALL_GRAPH_S:-90}" sh -c 'if [ -n "${MOE_SMALL_PICK:-}" ]; then
-    DAYZERO_MOE_SMALL_TILES=$(python3 bench/moe/pick_small.py "$1/moe-small.json") || exit 1
+    xml=""; [ -f "$1/small-tests.xml" ] && xml="$1/small-tests.xml"
+    DAYZERO_MOE_SMALL_TILES=$(python3 bench/moe/pick_small.py "$1/moe-small.json" $xml) || exit 1
     export DAYZERO_MOE_SMALL_TILES; echo "picked tiles: $DAYZERO_MOE_SMALL_TILES"
     python3 -m pytest -q -p no:cacheprovider --noconftest -o addopts="" tests/kernels/test_moe_small_gpu.py \
       -k "registered or graph_replay or override" || exit 1

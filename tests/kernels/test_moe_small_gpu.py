@@ -251,6 +251,21 @@ def test_gemv_t1_expert_parallel_slice(local_routes, variant):
     assert _tickets_zero(qs)
 
 
+@pytest.mark.parametrize("T,repeated", [(2, False), (2, True)])
+def test_gemv_gate_up_per_pair(T, repeated):
+    # gate_up on the GEMV kernel at T > 1 (one program per pair; repeated: both tokens on the same experts,
+    # each expert's tiles read once per pair), MMA down on the expert slots
+    from dayzero.kernels.triton_moe_small_split import VARIANTS, MoeSplit
+
+    tiles = VARIANTS["gvq2_d64_rp"]
+    q, _ = experts("20b")
+    E, H, _ = SHAPES["20b"]
+    x, w, ids = inputs(T, E, H, seed=31, repeated=repeated)
+    assert MoeSplit(x, w, ids, q, LIMIT, tiles).gemv
+    check("20b", T, seed=31, tiles=tiles, repeated=repeated)
+    assert _tickets_zero(q)
+
+
 def test_tiles_override_from_environment(monkeypatch):
     from dayzero.kernels.triton_moe_small_split import TILES_ENV, VARIANTS, default_tiles
 

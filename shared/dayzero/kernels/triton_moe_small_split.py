@@ -65,6 +65,8 @@ class SplitTiles:
     # gemv_group > 0 sums groups of that many products before scaling (fewer registers and instructions)
     gemv_pipe: int = 0
     gemv_group: int = 0
+    gemv_max_t: int = 1          # gate_up on the GEMV kernel up to this many tokens (one program per pair)
+    gemv_prefetch: int = 0       # > 0: GEMV rows bulk-prefetched into L2 that many loop trips ahead
     stages_down: int = 0         # pipeline depth of the MMA down kernel (0: ``stages``)
     # fused calls (``triton_moe_small_pdl``): the down grid launched with programmatic dependent launch
     # (gate_up lets it start at once; down waits for gate_up before reading h); prefetch_down 1 / 2: down
@@ -197,6 +199,24 @@ VARIANTS = {
     "gvq64_d32_rpe": SplitTiles(bn_gate_up=64, bn_down=32, split_gate_up=1, split_down=1, gemv=True,
                                 gemv_down=False, gemv_group=16, row_scales=True, vec_combine=True, ids_once=True,
                                 pdl=True, prefetch_down=2),
+    # the GEMV gate_up also at T = 2 (one program per pair and N tile; call 1: the MMA gate_up is 49.5 of
+    # k1_d64_r's 72.7 us at T = 2, 2.65 TB/s vs the GEMV's 2.9 at T = 1), MMA down d64 as k1_d64_r
+    "gvq2_d64_rp": SplitTiles(bn_gate_up=32, bn_down=64, split_gate_up=1, split_down=1, gemv=True, gemv_down=False,
+                              gemv_group=16, gemv_max_t=2, row_scales=True, vec_combine=True, ids_once=True,
+                              pdl=True),
+    "gvqt8_d32_rp": SplitTiles(bn_gate_up=32, bn_down=32, split_gate_up=1, split_down=1, gemv=True,
+                               gemv_down=False, gemv_group=16, gemv_max_t=8, row_scales=True, vec_combine=True,
+                               ids_once=True, pdl=True),
+    # the GEMV gate_up's rows bulk-prefetched into L2 2 / 4 loop trips (4 / 8 steps) ahead
+    "gvq_pf2_d32_rpe": SplitTiles(bn_gate_up=32, bn_down=32, split_gate_up=1, split_down=1, gemv=True,
+                                  gemv_down=False, gemv_group=16, gemv_prefetch=2, row_scales=True, vec_combine=True,
+                                  ids_once=True, pdl=True, prefetch_down=2),
+    "gvq_pf4_d32_rpe": SplitTiles(bn_gate_up=32, bn_down=32, split_gate_up=1, split_down=1, gemv=True,
+                                  gemv_down=False, gemv_group=16, gemv_prefetch=4, row_scales=True, vec_combine=True,
+                                  ids_once=True, pdl=True, prefetch_down=2),
+    "gvq_pf4_d32_r": SplitTiles(bn_gate_up=32, bn_down=32, split_gate_up=1, split_down=1, gemv=True,
+                                gemv_down=False, gemv_group=16, gemv_prefetch=4, row_scales=True, vec_combine=True,
+                                ids_once=True),
     "gvq4_d32_rpe": SplitTiles(bn_gate_up=32, bn_down=32, split_gate_up=1, split_down=1, gemv=True,
                                gemv_down=False, gemv_group=16, gemv_u=4, row_scales=True, vec_combine=True,
                                ids_once=True, pdl=True, prefetch_down=2),
@@ -293,8 +313,8 @@ class MoeSplit:
         self.nt1, self.nt2 = triton.cdiv(2 * I, t.bn_gate_up), triton.cdiv(H, t.bn_down)
         self.tb = max(64, triton.next_power_of_2(T))
         self.fused = self.P <= t.fuse_max_pairs
-        self.gemv = t.gemv and T == 1 and self.fused   # one row per route: CUDA-core GEMV kernels
-        self.gemv_down = self.gemv and t.gemv_down
+        self.gemv = t.gemv and T <= t.gemv_max_t and self.fused   # gate_up on CUDA-core GEMV kernels
+        self.gemv_down = self.gemv and t.gemv_down and T == 1    # one row per route
         self.slots = self.P if self.fused else min(self.P, E)   # slot = pair (leader scan) or plan table row
         self.pb = max(16, triton.next_power_of_2(self.slots))
         self.slot_e = torch.empty((self.slots,), dtype=torch.int32, device=dev)
@@ -311,6 +331,11 @@ class MoeSplit:
         self.y = torch.empty((self.s2, self.P, H), dtype=torch.float32, device=dev)       # per split, pair
         self.out = torch.empty((T, H), dtype=x.dtype, device=dev)
         self.pdl = t.pdl and self.fused and not interpreting()   # (the interpreter runs no inline asm)
+        # bulk L2 prefetches need 16-byte aligned rows and pieces (gpt-oss: H = I = 2880)
+        ex16 = all(a.data_ptr() % 16 == 0 and a.stride(0) % 16 == 0 and a.stride(1) % 16 == 0
+                   for a in (experts.gate_up, experts.down)) and H % 16 == 0 and I % 16 == 0
+        self.pf_down = t.prefetch_down if self.pdl and ex16 else 0
+        self.pfd = t.gemv_prefetch if ex16 and not interpreting() else 0
         self.launch = dict(TOPK=self.k, BM=t.bm, BK_=BK, H16=t.h16, TB=self.tb, PB=self.pb, PLAN=not self.fused,
                            ONE_CHUNK=T <= t.bm, DOT_F32=interpreting(), num_stages=t.stages)
 
@@ -325,7 +350,7 @@ class MoeSplit:
     def _gemv_args(self, K: int) -> dict:
         t = self.tiles
         return dict(BK=t.gemv_bk, U=t.gemv_u, EVEN_K=K % (t.gemv_bk * t.gemv_u) == 0, PIPE=t.gemv_pipe,
-                    G=t.gemv_group)
+                    G=t.gemv_group, PFD=self.pfd)
 
     def _pdl_launch(self) -> dict:
         return dict(launch_pdl=True) if self.pdl else {}
@@ -334,11 +359,11 @@ class MoeSplit:
         ex, t = self.ex, self.tiles
         w, s, b = ex.gate_up, ex.gate_up_scale, ex.gate_up_bias
         if self.gemv:
-            gemv_gate_up_kernel[(self.k * self.nt1,)](
+            gemv_gate_up_kernel[(self.P * self.nt1,)](
                 self.x, self.ids, w, s, b, self.h, self.H, 2 * self.I, self.nt1, self.offset, self.E, w.stride(0),
                 w.stride(1), s.stride(0), s.stride(1), b.stride(0), self.h.stride(0), self.limit, SWIGLU_ALPHA,
-                BN=t.bn_gate_up, PDL=self.pdl, EF=self.pdl and t.prefetch_down == 2, num_warps=t.warps,
-                **self._gemv_args(self.H))
+                BN=t.bn_gate_up, PDL=self.pdl, EF=self.pf_down == 2, num_warps=t.warps,
+                P=self.P if self.T > 1 else 0, TOPK=self.k, stride_x=self.x.stride(0), **self._gemv_args(self.H))
             return
         gate_up_kernel[(self.slots * self.nt1 * self.s1,)](
             self.x, self.ids, w, s, b, self.h, self.ws, self.tickets1, self.slot_e, self.slot_cnt, self.slot_pairs,
@@ -355,7 +380,7 @@ class MoeSplit:
                 self.h, self.ids, self.weights, w, s, b, self.y, self.out, self.tickets2, self.I, self.H, self.nt2,
                 self.P, self.offset, self.E, self.h.stride(0), w.stride(0), w.stride(1), s.stride(0), s.stride(1),
                 b.stride(0), self.out.stride(0), TOPK=self.k, PB=self.pb, BN=t.bn_down,
-                DOT_F32=interpreting(), PDL=self.pdl, PF=t.prefetch_down if self.pdl else 0,
+                DOT_F32=interpreting(), PDL=self.pdl, PF=self.pf_down,
                 num_warps=t.warps_down or t.warps, **self._pdl_launch(), **self._gemv_args(self.I))
             return
         down_kernel[(self.slots * self.nt2 * self.s2,)](
@@ -364,7 +389,7 @@ class MoeSplit:
             self.h.stride(0), w.stride(0), w.stride(1), s.stride(0), s.stride(1), b.stride(0), self.out.stride(0),
             FUSE=self.fused, BN=t.bn_down, SPLIT=self.s2, EVEN_N=self.H % t.bn_down == 0,
             SK=scale_row(self.I, self.s2, t), KP=triton.next_power_of_2(self.k) if t.vec_combine else 0,
-            IDS1=t.ids_once and self.fused, PDL=self.pdl, PF=t.prefetch_down if self.pdl else 0,
+            IDS1=t.ids_once and self.fused, PDL=self.pdl, PF=self.pf_down,
             num_warps=t.warps_down or t.warps, **self._pdl_launch(), **dict(self.launch, num_stages=t.stages_down or t.stages))
 
     def combine(self) -> None:
