@@ -35,9 +35,14 @@ if [ -n "${GLUON_WINDOW_DIAG:-}" ]; then
   ( timeout -k 5 "${GLUON_WINDOW_TEST_S:-70}" python3 bench/attention/gluon_window_bench.py --warm \
       --configs "$GLUON_WINDOW_DIAG" ${GLUON_WINDOW_N:+--n "$GLUON_WINDOW_N"} > "$parts/warm-diag.log" 2>&1 ) &
 fi
+# at most GLUON_WINDOW_PAR (default 5) configuration processes at once: each long test's torch reference holds
+# ~21.6 GB of GPU memory (session 6: 8 at once ran the GPU out of memory, twice)
+cpids=()
 for c in ${cfgs//,/ }; do
+  if [ "${#cpids[@]}" -ge "${GLUON_WINDOW_PAR:-5}" ]; then wait "${cpids[0]}"; cpids=("${cpids[@]:1}"); fi
   ( DAYZERO_GLUON_WINDOW_CFGS=$c timeout -k 5 "${GLUON_WINDOW_TEST_S:-70}" "${pt[@]}" \
       -k "ragged or narrow or long or matches_emulation" > "$parts/test-$c.log" 2>&1; echo $? > "$parts/rc-$c" ) &
+  cpids+=($!)
 done
 wait
 # GLUON_WINDOW_REG_CFGS=a,b (candidates for the registered op's default, DAYZERO_WINDOW_GLUON): then the registered
@@ -103,8 +108,8 @@ if [ -n "${GLUON_WINDOW_DIAG:-}" ]; then
   echo "=== diagnostics rc=${PIPESTATUS[0]}" | tee -a "$log"
 fi
 # machine paths out of the saved logs
-sed -i -E 's#(/[A-Za-z0-9._-]+)+/(site-packages|dist-packages)/#<site>/#g; s#/(root|tmp)/[^ :]*#<path>#g' \
-  "$log" "$parts"/*.log 2>/dev/null
+sed -i -E "s#$(pwd)/#<repo>/#g"'; s#(/[A-Za-z0-9._-]+)+/(site-packages|dist-packages)/#<site>/#g; s#/(root|tmp)/[^ :]*#<path>#g' \
+  "$log" "$parts"/*.log "$OUT"/gluon_window*.json 2>/dev/null
 tar czf "$OUT/gluon_window_parts.tgz" -C "$OUT" parts && rm -rf "$parts"
 echo "gluon window: rc=$rc" | tee -a "$log"
 exit "$rc"

@@ -23,7 +23,8 @@ import torch
 from dayzero.kernels import torch_attention as ref_ops
 from dayzero.kernels.gluon_attention_window_schedule import (BN, MAX_WINDOW, PK_KEYS, PK_TOK, WM,
                                                              check_window_supported, cta_tiles, emulate_window,
-                                                             emulate_window_packed, packed_bounds, packed_chunk)
+                                                             emulate_window_packed, packed_bounds, packed_chunk,
+                                                             ring_waits_every_phase)
 from dayzero.kernels.triton_attention_cases import check_output, make_case, seq_errors
 
 TOL = 1e-2
@@ -195,6 +196,16 @@ def test_registered_window_choice_env(monkeypatch):
     assert gluon_window_choice(*args) is None                      # not on a GPU
 
 
+def test_packed_ring_phase_rule():
+    """Consumers wait for a slot by the parity of its phase: a warpgroup that skips a phase of a barrier can pass a
+    wait early (round 2's load-only pkL2 faulted on the GPU). 3 round-robin warpgroups over one-unit slots need a
+    multiple of 3 slots; a warpgroup per quad (nc 2) or 2-unit slots (every warpgroup in every slot) any count."""
+    assert ring_waits_every_phase(3, 3, 1) and ring_waits_every_phase(3, 6, 1)
+    assert not ring_waits_every_phase(3, 2, 1) and not ring_waits_every_phase(3, 4, 1)
+    assert all(ring_waits_every_phase(2, st, 1) for st in (2, 3, 4))
+    assert all(ring_waits_every_phase(3, st, 2) for st in (2, 3, 4))
+
+
 def test_packed_diagnostics_are_fenced():
     """The diagnostic configurations (wrong output by design, timed only) are in CONFIGS, never in RUN_CONFIGS
     or the registered default, and only the serial consumers build them (needs triton to import, no GPU)."""
@@ -212,6 +223,12 @@ def test_packed_diagnostics_are_fenced():
         _diag_mode(GluonWindowPackedConfig(diag=1))
     with pytest.raises(ValueError, match="diag must be"):
         _diag_mode(GluonWindowPackedConfig(serial=True, diag=3))
+    from dayzero.kernels.gluon_attention_window_packed import _store_mode
+    for c in G.CONFIGS.values():   # every listed ring waits every phase (refused at launch otherwise)
+        if isinstance(c, GluonWindowPackedConfig):
+            _store_mode(c)
+    with pytest.raises(ValueError, match="skip phases"):
+        _store_mode(GluonWindowPackedConfig(nc=3, serial=True, stages=4))
 
 
 # ---------------------------------------------------------------- GPU ----

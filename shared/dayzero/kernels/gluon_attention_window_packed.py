@@ -52,7 +52,7 @@ from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
 
 from .gluon_attention_prefill import HD, WM, _to_a
 from .gluon_attention_schedule import LOG2E
-from .gluon_attention_window_schedule import PK_HEADS, PK_TOK, packed_chunk
+from .gluon_attention_window_schedule import PK_HEADS, PK_TOK, packed_chunk, ring_waits_every_phase
 
 TPU = gl.constexpr(PK_TOK)    # tokens per unit (16)
 HPW = gl.constexpr(PK_HEADS)  # heads per unit / warpgroup (4)
@@ -471,7 +471,13 @@ def window_packed_kernel(qd, kd, kdd, vd, vdd, cu_ptr, sink_ptr, o_ptr, stride_o
 
 
 def _store_mode(cfg: GluonWindowPackedConfig) -> int:
-    """The kernel's DIRECT constexpr: 0 layout conversion, 1 wgmma layout, 2 TMA via staging, 3 TMA via the Q box."""
+    """The kernel's DIRECT constexpr: 0 layout conversion, 1 wgmma layout, 2 TMA via staging, 3 TMA via the Q box.
+    Also refuses a ring whose consumers would skip phases of a ``ready`` barrier (a race:
+    ``ring_waits_every_phase``)."""
+    if not ring_waits_every_phase(cfg.nc, cfg.stages, cfg.ups):
+        raise ValueError(f"{cfg.nc} consumer warpgroups over {cfg.stages} slots of {cfg.ups} unit(s): a warpgroup "
+                         f"would skip phases of a ready barrier (nc 3 with ups 1 needs stages a multiple of 3); "
+                         f"config {cfg}")
     if (cfg.tma_store or cfg.store_via_q) and not cfg.serial:
         raise ValueError(f"TMA stores of O are built for the serial consumers only; config {cfg}")
     if cfg.q3d and (not cfg.serial or cfg.tma_store or cfg.direct_store):

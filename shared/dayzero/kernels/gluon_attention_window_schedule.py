@@ -122,6 +122,22 @@ def packed_chunk(max_seqlen_q: int, streams: int, sms: int, min_units: int, ups:
     return per, -(-n // per)
 
 
+def ring_waits_every_phase(nc: int, stages: int, ups: int, n_slots: int = 96) -> bool:
+    """Version 2's consumers wait for a slot's ``ready`` barrier by parity ((v // stages) & 1). A consumer
+    warpgroup that skips a phase of a barrier it waits on (none of its items in slot v, items in slot v + stages)
+    can pass the wait for slot v + stages while slot v is still loading (the barrier's current phase then has the
+    other parity): it reads a slot not yet written and over-arrives on ``empty``. True when every warpgroup
+    (items g, g + nc, ..., 2 ups items a slot) waits every phase of each barrier it waits on at all (nc = 2 keeps
+    its quad: always; nc = 3 with one unit a slot: stages a multiple of 3)."""
+    for g in range(nc):
+        slots = sorted({i // (2 * ups) for i in range(g, 2 * ups * n_slots, nc)})
+        for b in range(stages):
+            mine = [v for v in slots if v % stages == b]
+            if mine and mine != list(range(b, n_slots, stages))[:len(mine)]:
+                return False
+    return True
+
+
 def packed_bounds(t0: int, window: int, toff: int = 0) -> tuple[torch.Tensor, torch.Tensor]:
     """The kernel's mask of a unit at token t0 + toff of a ring slot whose keys start at t0 - 128: row r sees
     columns lo[r] <= c <= hi[r] (key t0 - 128 + c)."""
