@@ -112,6 +112,7 @@ def split_configs(labels=None):
                     consts["KP"] = 4 if t.vec_combine else 0
                 consts["IDS1"] = t.ids_once and fused
                 consts["PDL"] = t.pdl and fused
+                consts["PFD"] = t.mma_prefetch if t.row_scales else 0
                 if kern is S.down_kernel:
                     consts["PF"] = t.prefetch_down if t.pdl and fused else 0
                 consts["SK"] = scale_row(2880, split, t)

@@ -191,7 +191,8 @@ def test_split_no_local_route_gives_zeros(T, variant):
 
 @pytest.mark.parametrize("T,variant", [(1, None), (2, None), (16, None), (1, "k1"), (1, "gvg_d32_r8"),
                                        (2, "k1_d64_r"), (1, "gvp_d32"), (1, "gvp_gv16"), (1, "gvq_d32_rpe"),
-                                       (1, "gvq_d32_rpf"), (2, "k1_d64_rp"), (7, "bn64_rp")])
+                                       (1, "gvq_d32_rpf"), (2, "k1_d64_rp"), (7, "bn64_rp"), (1, "gvq_pf4_d32_rpe"),
+                                       (2, "k1_d64_rpp"), (7, "gvqt8_pf2_d32_rpp")])
 def test_split_deterministic_and_graph_replay_equals_eager(T, variant):
     # default tiles: T = 1 on the GEMV kernels, fused MMA tiles (leader slots, tickets in down), plan +
     # combine at T = 16; k1: the MMA kernels at T = 1; _r / _r8: scale rows and the vectorised combine

@@ -67,6 +67,7 @@ class SplitTiles:
     gemv_group: int = 0
     gemv_max_t: int = 1          # gate_up on the GEMV kernel up to this many tokens (one program per pair)
     gemv_prefetch: int = 0       # > 0: GEMV rows bulk-prefetched into L2 that many loop trips ahead
+    mma_prefetch: int = 0        # > 0 (with row_scales): MMA weight rows bulk-prefetched that many K steps ahead
     stages_down: int = 0         # pipeline depth of the MMA down kernel (0: ``stages``)
     # fused calls (``triton_moe_small_pdl``): the down grid launched with programmatic dependent launch
     # (gate_up lets it start at once; down waits for gate_up before reading h); prefetch_down 1 / 2: down
@@ -217,6 +218,17 @@ VARIANTS = {
     "gvq_pf4_d32_r": SplitTiles(bn_gate_up=32, bn_down=32, split_gate_up=1, split_down=1, gemv=True,
                                 gemv_down=False, gemv_group=16, gemv_prefetch=4, row_scales=True, vec_combine=True,
                                 ids_once=True),
+    # the MMA weight rows bulk-prefetched 4 K steps ahead (T = 2-8), and the per-pair GEMV gate_up with its
+    # rows prefetched 2 trips ahead
+    "k1_d64_rpp": SplitTiles(bn_gate_up=32, bn_down=64, split_gate_up=1, split_down=1, row_scales=True,
+                             vec_combine=True, ids_once=True, pdl=True, mma_prefetch=4),
+    "gv64_d32_rpp": SplitTiles(bn_gate_up=64, bn_down=32, split_gate_up=1, split_down=1, gemv=True, row_scales=True,
+                               vec_combine=True, ids_once=True, pdl=True, mma_prefetch=4),
+    "bn64_rpp": SplitTiles(bn_gate_up=64, bn_down=64, row_scales=True, vec_combine=True, ids_once=True, pdl=True,
+                           mma_prefetch=4),
+    "gvqt8_pf2_d32_rpp": SplitTiles(bn_gate_up=32, bn_down=32, split_gate_up=1, split_down=1, gemv=True,
+                                    gemv_down=False, gemv_group=16, gemv_max_t=8, gemv_prefetch=2, row_scales=True,
+                                    vec_combine=True, ids_once=True, pdl=True, mma_prefetch=4),
     "gvq4_d32_rpe": SplitTiles(bn_gate_up=32, bn_down=32, split_gate_up=1, split_down=1, gemv=True,
                                gemv_down=False, gemv_group=16, gemv_u=4, row_scales=True, vec_combine=True,
                                ids_once=True, pdl=True, prefetch_down=2),
@@ -336,6 +348,7 @@ class MoeSplit:
                    for a in (experts.gate_up, experts.down)) and H % 16 == 0 and I % 16 == 0
         self.pf_down = t.prefetch_down if self.pdl and ex16 else 0
         self.pfd = t.gemv_prefetch if ex16 and not interpreting() else 0
+        self.mma_pfd = t.mma_prefetch if ex16 and t.row_scales and not interpreting() else 0
         self.launch = dict(TOPK=self.k, BM=t.bm, BK_=BK, H16=t.h16, TB=self.tb, PB=self.pb, PLAN=not self.fused,
                            ONE_CHUNK=T <= t.bm, DOT_F32=interpreting(), num_stages=t.stages)
 
@@ -370,7 +383,7 @@ class MoeSplit:
             self.H, 2 * self.I, self.nt1, self.P, self.offset, self.E, self.x.stride(0), w.stride(0), w.stride(1),
             s.stride(0), s.stride(1), b.stride(0), self.h.stride(0), self.limit, SWIGLU_ALPHA, BN=t.bn_gate_up,
             SPLIT=self.s1, EVEN_N=(2 * self.I) % t.bn_gate_up == 0, SK=scale_row(self.H, self.s1, t),
-            IDS1=t.ids_once and self.fused, PDL=self.pdl, num_warps=t.warps, **self.launch)
+            IDS1=t.ids_once and self.fused, PDL=self.pdl, PFD=self.mma_pfd, num_warps=t.warps, **self.launch)
 
     def down(self) -> None:
         ex, t = self.ex, self.tiles
@@ -389,7 +402,7 @@ class MoeSplit:
             self.h.stride(0), w.stride(0), w.stride(1), s.stride(0), s.stride(1), b.stride(0), self.out.stride(0),
             FUSE=self.fused, BN=t.bn_down, SPLIT=self.s2, EVEN_N=self.H % t.bn_down == 0,
             SK=scale_row(self.I, self.s2, t), KP=triton.next_power_of_2(self.k) if t.vec_combine else 0,
-            IDS1=t.ids_once and self.fused, PDL=self.pdl, PF=self.pf_down,
+            IDS1=t.ids_once and self.fused, PDL=self.pdl, PF=self.pf_down, PFD=0 if self.pf_down else self.mma_pfd,
             num_warps=t.warps_down or t.warps, **self._pdl_launch(), **dict(self.launch, num_stages=t.stages_down or t.stages))
 
     def combine(self) -> None:
