@@ -52,7 +52,8 @@ def check_packed(name: str, window: int = 128) -> dict:
                o_ptr="*bf16", qk_scale="fp32", q_ptr="*bf16", k_ptr="*bf16", v_ptr="*bf16")
     consts = dict(GROUP=8, S=cfg.stages, CONSUMER_REGS=cfg.consumer_regs, PRODUCER_REGS=cfg.producer_regs,
                   num_warps=4, NC=cfg.nc, SERIAL=cfg.serial, UPS=cfg.ups,
-                  DIRECT=_store_mode(cfg), PF=cfg.prefetch, DIAG=_diag_mode(cfg), Q3=cfg.q3d)
+                  DIRECT=_store_mode(cfg), PF=cfg.prefetch, DIAG=_diag_mode(cfg), Q3=cfg.q3d,
+                  KVR=cfg.kv_ring)
     if _store_mode(cfg) >= 2:
         sig.update(od=quad if cfg.q3d else desc(16))
     else:

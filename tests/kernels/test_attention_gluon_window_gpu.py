@@ -23,8 +23,8 @@ import torch
 from dayzero.kernels import torch_attention as ref_ops
 from dayzero.kernels.gluon_attention_window_schedule import (BN, MAX_WINDOW, PK_KEYS, PK_TOK, WM,
                                                              check_window_supported, cta_tiles, emulate_window,
-                                                             emulate_window_packed, packed_bounds, packed_chunk,
-                                                             ring_waits_every_phase)
+                                                             emulate_window_packed, kv_ring_holds_window,
+                                                             packed_bounds, packed_chunk, ring_waits_every_phase)
 from dayzero.kernels.triton_attention_cases import check_output, make_case, seq_errors
 
 TOL = 1e-2
@@ -206,6 +206,14 @@ def test_packed_ring_phase_rule():
     assert all(ring_waits_every_phase(3, st, 2) for st in (2, 3, 4))
 
 
+def test_kv_ring_holds_every_window():
+    """The group ring (``kv_ring``): 16 groups + 8 mirrored rows hold every in-flight unit's 8-group window as
+    contiguous rows and its new group, for up to 8 Q slots; with 9 a load overwrites a group still in use."""
+    assert all(kv_ring_holds_window(st) for st in (1, 3, 6, 8))
+    assert not kv_ring_holds_window(9)
+    assert not kv_ring_holds_window(3, ng=10)
+
+
 def test_packed_diagnostics_are_fenced():
     """The diagnostic configurations (wrong output by design, timed only) are in CONFIGS, never in RUN_CONFIGS
     or the registered default, and only the serial consumers build them (needs triton to import, no GPU)."""
@@ -229,6 +237,9 @@ def test_packed_diagnostics_are_fenced():
             _store_mode(c)
     with pytest.raises(ValueError, match="skip phases"):
         _store_mode(GluonWindowPackedConfig(nc=3, serial=True, stages=4))
+    for bad in (dict(stages=9), dict(ups=2), dict(store_via_q=True), dict(prefetch=4)):   # the group ring: 16 >= 8 + S
+        with pytest.raises(ValueError, match="kv_ring"):
+            _store_mode(GluonWindowPackedConfig(nc=3, serial=True, kv_ring=True, **bad))
 
 
 # ---------------------------------------------------------------- GPU ----

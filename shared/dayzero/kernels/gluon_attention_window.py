@@ -131,6 +131,14 @@ CONFIGS = {"w2": GluonWindowConfig(),                                           
                                              q3d=True),
            "pk3sq3d": GluonWindowPackedConfig(nc=3, serial=True, consumer_regs=160, producer_regs=24, maxnreg=128,
                                               store_via_q=True, q3d=True),
+           # round 2, CPU only (never run on a GPU): K / V in a mirrored ring of 16-key groups, each loaded once
+           # (kv_ring: 4 KB of K / V a unit instead of 36 KB; the window a contiguous view), 3 / 6 Q slots
+           "pk3sr": GluonWindowPackedConfig(nc=3, serial=True, consumer_regs=160, producer_regs=24, maxnreg=128,
+                                            kv_ring=True),
+           "pk3sr6": GluonWindowPackedConfig(nc=3, serial=True, consumer_regs=160, producer_regs=24, maxnreg=128,
+                                             kv_ring=True, stages=6),
+           "pk3sr3d": GluonWindowPackedConfig(nc=3, serial=True, consumer_regs=160, producer_regs=24, maxnreg=128,
+                                              kv_ring=True, q3d=True),
            # diagnostics (wrong output: timed by gluon_window_run.sh's GLUON_WINDOW_DIAG, never tested): pkL3 the
            # ring of 3 slots with consumers that only wait and release (the load stream's rate alone, pk3s's producer
            # unchanged), pkL3u2 the same with 2 units a slot, pkL33d with q3d; pk3s_ns pk3s without the O store
@@ -141,9 +149,11 @@ CONFIGS = {"w2": GluonWindowConfig(),                                           
            "pk3s_ns": GluonWindowPackedConfig(nc=3, serial=True, consumer_regs=160, producer_regs=24, maxnreg=128,
                                               diag=2),
            "pkL33d": GluonWindowPackedConfig(nc=3, serial=True, consumer_regs=160, producer_regs=24, maxnreg=128,
-                                             q3d=True, diag=1)}
+                                             q3d=True, diag=1),
+           "pkLr": GluonWindowPackedConfig(nc=3, serial=True, consumer_regs=160, producer_regs=24, maxnreg=128,
+                                           kv_ring=True, diag=1)}
 # diagnostics: timed only (gluon_window_run.sh GLUON_WINDOW_DIAG), never tested or registered
-DIAG_CONFIGS = ("pkL3", "pkL3u2", "pk3s_ns", "pkL33d")
+DIAG_CONFIGS = ("pkL3", "pkL3u2", "pk3s_ns", "pkL33d", "pkLr")
 DEFAULT = CONFIGS["w2"]
 # what gluon_window_run.sh tests and times by default: version 1's best (g4) beside version 2's two best (pk3s: the
 # registered op's default since session 6; pk2s). Session 6 (bench/NOTES.md "Gluon window on the GPU"): pk3 /

@@ -56,6 +56,7 @@ from .gluon_attention_window_schedule import PK_HEADS, PK_TOK, packed_chunk, rin
 
 TPU = gl.constexpr(PK_TOK)    # tokens per unit (16)
 HPW = gl.constexpr(PK_HEADS)  # heads per unit / warpgroup (4)
+KVG = gl.constexpr(16)        # kv_ring: 16-key groups in the K / V ring (+ 8 mirrored: any 8 in a row contiguous)
 
 
 # the TMA boxes' shared layouts ([rows, 64] bf16, 128-byte swizzle), computed once: building them per call
@@ -95,6 +96,9 @@ class GluonWindowPackedConfig:
     prefetch: int = 0         # > 0: the producer prefetches slot v + prefetch's Q / K / V rows into L2 (no smem)
     q3d: bool = False         # serial only: rows r -> token r // 4, head r % 4; a quad's Q as ONE 3D TMA box
     #                           [16, 4, 64] (4 x fewer Q loads), with store_via_q O out the same (store modes 0 / 3)
+    kv_ring: bool = False     # serial, ups 1, store mode 0: K / V in a ring of 16-key groups, each loaded once (2 + 2
+    #                           KB a unit instead of 36 KB), the 128-key window a contiguous view of a mirrored ring;
+    #                           ``stages`` then counts Q slots only
     diag: int = 0             # serial only, diagnostics (wrong output; timed, never tested): 1 the consumers wait
     #                           for each slot and release it (the ring's fill rate alone), 2 no O store (the
     #                           store under a run-time condition that never holds: everything else runs)
@@ -128,14 +132,32 @@ def _pk_prefetch(pf, row0, row_end, h0, hkv, GROUP: gl.constexpr, UPS: gl.conste
 
 
 @gluon.jit
+def _pk_kv_group(kdd, vdd, kr, vr, kvb, row, hkv, lg):
+    """kv_ring: K and V rows row .. row + 15 (local group lg) into ring slot lg % 16 on its barrier; slots 0-7 also
+    into their mirrors 16-23, so the 8 groups of any unit's window are contiguous rows of the ring."""
+    gs = lg % KVG
+    mir = gs < 8
+    bar = kvb.index(gs)
+    mbarrier.expect(bar, 2 * TPU * HD * 2, pred=gs >= 8)
+    mbarrier.expect(bar, 4 * TPU * HD * 2, pred=mir)
+    tma.async_copy_global_to_shared(kdd, [row, hkv * HD], bar, kr.index(gs))
+    tma.async_copy_global_to_shared(vdd, [row, hkv * HD], bar, vr.index(gs))
+    tma.async_copy_global_to_shared(kdd, [row, hkv * HD], bar, kr.index(KVG + gs % 8), pred=mir)
+    tma.async_copy_global_to_shared(vdd, [row, hkv * HD], bar, vr.index(KVG + gs % 8), pred=mir)
+
+
+@gluon.jit
 def _pk_producer(p, NWG: gl.constexpr, S: gl.constexpr, UPS: gl.constexpr, PF: gl.constexpr, pf,
-                 GROUP: gl.constexpr, Q3: gl.constexpr = False):
+                 GROUP: gl.constexpr, Q3: gl.constexpr = False, KVR: gl.constexpr = False, st=None):
     """1 warp: per ring slot of the walk (UPS units, tokens t0 .. t0 + 16 UPS), into slot v % S: K and V rows
     [t0 - 128, t0) and [t0, t0 + 16 UPS) of the KV head (below row 0: TMA zero fill; masked anyway), then each
     unit's Q quads (one [16, 64] box a head). PF > 0: first an L2 prefetch of slot v + PF's rows
     (``_pk_prefetch``; the first PF slots' rows at the start)."""
     (qd, kd, kdd, vd, vdd, q_smem, km, kdg, vm, vdg, ready, empty, o_ptr, sink_ptr, stride_ot, stride_oh, qk_scale,
      window, q_start, q_len, tok0, n_units, h0, hkv) = p
+    if KVR:
+        _pk_producer_ring(p, NWG, S, Q3, st[2])
+        return
     n_slots = gl.cdiv(n_units, UPS)
     if PF > 0:
         for v in range(S, gl.minimum(PF, n_slots)):
@@ -163,6 +185,34 @@ def _pk_producer(p, NWG: gl.constexpr, S: gl.constexpr, UPS: gl.constexpr, PF: g
                                                         q_smem.index((s * UPS + j) * NWG + g).slice(hh * TPU, TPU))
         tma.async_copy_global_to_shared(vd, [t0 - 128, hkv * HD], ready.index(s), vm.index(s))
         tma.async_copy_global_to_shared(vdd, [t0, hkv * HD], ready.index(s), vdg.index(s))
+
+
+@gluon.jit
+def _pk_producer_ring(p, NWG: gl.constexpr, S: gl.constexpr, Q3: gl.constexpr, kvb):
+    """kv_ring's producer: first the local groups 0-7 (keys [t0 - 128, t0) of the CTA's first unit), then per unit v
+    its Q quads into Q slot v % S (``ready`` / ``empty`` as before) and its own group v + 8 (keys t0 .. t0 + 15) into
+    the ring. The ring slot's previous group (v + 8 - 16) was last read by unit v - 8, released before unit v - S's
+    release (waited here, in order) as long as 16 >= 8 + S."""
+    (qd, kd, kdd, vd, vdd, q_smem, km, kdg, vm, vdg, ready, empty, o_ptr, sink_ptr, stride_ot, stride_oh, qk_scale,
+     window, q_start, q_len, tok0, n_units, h0, hkv) = p
+    row0 = q_start + tok0 - 128                           # local group lg: key rows row0 + 16 lg ..
+    for lg in range(8):
+        _pk_kv_group(kdd, vdd, km, vm, kvb, row0 + lg * TPU, hkv, lg)
+    for v in range(n_units):
+        s = v % S
+        mbarrier.wait(empty.index(s), ((v // S) & 1) ^ 1)               # the first pass finds every slot free
+        mbarrier.expect(ready.index(s), NWG * WM * HD * 2)
+        t0 = q_start + tok0 + v * TPU
+        for g in gl.static_range(NWG):
+            if Q3:
+                tma.async_copy_global_to_shared(qd, [t0, h0 + g * HPW, 0], ready.index(s),
+                                                q_smem.index(s * NWG + g)._reinterpret(gl.bfloat16, [TPU, HPW, HD],
+                                                                                       qd.layout))
+            else:
+                for hh in gl.static_range(HPW):
+                    tma.async_copy_global_to_shared(qd, [t0, (h0 + g * HPW + hh) * HD], ready.index(s),
+                                                    q_smem.index(s * NWG + g).slice(hh * TPU, TPU))
+        _pk_kv_group(kdd, vdd, km, vm, kvb, t0, hkv, v + 8)
 
 
 @gluon.jit
@@ -335,10 +385,13 @@ def _pk_consumer(p, WG: gl.constexpr, NC: gl.constexpr, S: gl.constexpr, UPS: gl
 
 @gluon.jit
 def _pk_consumer_serial(p, WG: gl.constexpr, NC: gl.constexpr, S: gl.constexpr, UPS: gl.constexpr,
-                        DIRECT: gl.constexpr, st, DIAG: gl.constexpr = 0, Q3: gl.constexpr = False):
+                        DIRECT: gl.constexpr, st, DIAG: gl.constexpr = 0, Q3: gl.constexpr = False,
+                        KVR: gl.constexpr = False):
     """``_pk_consumer`` without the cross-item overlap inside a warpgroup (S, softmax, PV, store in turn: no P
     or O in flight while S is live, so 3 warpgroups fit 160 registers); the tensor core and the exps overlap
-    across the warpgroups only. Each item's slot arrival right after its PV."""
+    across the warpgroups only. Each item's slot arrival right after its PV. KVR: K / V from the group ring
+    (``_pk_producer_ring``): before unit v the warpgroup waits for the groups v .. v + 8 it has not waited for yet
+    (in order, each on its own barrier); the window is the ring's rows from group v % 16 on, viewed as [128, 64]."""
     (qd, kd, kdd, vd, vdd, q_smem, km, kdg, vm, vdg, ready, empty, o_ptr, sink_ptr, stride_ot, stride_oh, qk_scale,
      window, q_start, q_len, tok0, n_units, h0, hkv) = p
     DW: gl.constexpr = UPS * TPU
@@ -346,26 +399,44 @@ def _pk_consumer_serial(p, WG: gl.constexpr, NC: gl.constexpr, S: gl.constexpr, 
     d_l: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1], instr_shape=[16, DW, 16])
     o_l: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1], instr_shape=[16, HD, 16])
     sink0, sink1, lo_w, rtd, lwd, ca, cd = _pk_rows(sink_ptr, h0, window, DW, Q3)
+    if KVR:
+        gw = tok0 * 0 - 1                              # the last group this warpgroup has waited for
     for i in range(WG, gl.cdiv(n_units, UPS) * (2 * UPS), NC):
         v = i // (2 * UPS)
         j = (i // 2) % UPS
         half = i % 2
         s = v % S
         mbarrier.wait(ready.index(s), (v // S) & 1)
+        if KVR:
+            for lg in range(gw + 1, v + 9):
+                mbarrier.wait(st[2].index(lg % KVG), (lg // KVG) & 1)
+            gw = v + 8
         if DIAG == 1:                    # diagnostic: the ring's fill rate alone (nothing computed or stored)
             mbarrier.arrive(empty.index(s))
         else:
             q_s = q_smem.index((s * UPS + j) * 2 + half)
-            sa = warpgroup_mma(q_s, km.index(s).permute((1, 0)), gl.zeros([WM, 128], gl.float32, a_l), use_acc=False,
+            if KVR:
+                k_win = km.index(v % KVG)._reinterpret(gl.bfloat16, [128, HD], kd.layout)   # groups v .. v + 7
+                k_new = kdg.index((v + 8) % KVG)                                            # group v + 8 (t0 ..)
+            else:
+                k_win = km.index(s)
+                k_new = kdg.index(s)
+            sa = warpgroup_mma(q_s, k_win.permute((1, 0)), gl.zeros([WM, 128], gl.float32, a_l), use_acc=False,
                                is_async=True)
-            sd = warpgroup_mma(q_s, kdg.index(s).permute((1, 0)), gl.zeros([WM, DW], gl.float32, d_l),
+            sd = warpgroup_mma(q_s, k_new.permute((1, 0)), gl.zeros([WM, DW], gl.float32, d_l),
                                use_acc=False, is_async=True)
             sa, sd = warpgroup_mma_wait(0, deps=(sa, sd))
             t0s = tok0 + v * DW
             pra, prd, l_i = _pk_softmax(sa, sd, half, j * TPU, t0s, qk_scale, sink0, sink1, lo_w, rtd, lwd, ca, cd)
-            o = warpgroup_mma(_to_a(pra, o_l), vm.index(s), gl.zeros([WM, HD], gl.float32, o_l), use_acc=False,
+            if KVR:
+                v_win = vm.index(v % KVG)._reinterpret(gl.bfloat16, [128, HD], vd.layout)
+                v_new = vdg.index((v + 8) % KVG)
+            else:
+                v_win = vm.index(s)
+                v_new = vdg.index(s)
+            o = warpgroup_mma(_to_a(pra, o_l), v_win, gl.zeros([WM, HD], gl.float32, o_l), use_acc=False,
                               is_async=True)
-            o = warpgroup_mma(_to_a(prd, o_l), vdg.index(s), o, is_async=True)
+            o = warpgroup_mma(_to_a(prd, o_l), v_new, o, is_async=True)
             o = warpgroup_mma_wait(0, deps=(o, ))
             if DIRECT == 3:                  # O leaves through the item's own Q box (its QK^T is done): no staging
                 _pk_store_tma(o, l_i, st[0], q_s, o_ptr, q_start, q_len, t0s + j * TPU, h0 + half * HPW, stride_ot,
@@ -391,29 +462,30 @@ def _pk_consumer_serial(p, WG: gl.constexpr, NC: gl.constexpr, S: gl.constexpr, 
 
 @gluon.jit
 def _pk_consumer_any(p, WG: gl.constexpr, NC: gl.constexpr, S: gl.constexpr, SERIAL: gl.constexpr,
-                     UPS: gl.constexpr, DIRECT: gl.constexpr, st, DIAG: gl.constexpr, Q3: gl.constexpr):
+                     UPS: gl.constexpr, DIRECT: gl.constexpr, st, DIAG: gl.constexpr, Q3: gl.constexpr,
+                     KVR: gl.constexpr):
     if SERIAL:
-        _pk_consumer_serial(p, WG, NC, S, UPS, DIRECT, st, DIAG, Q3)
+        _pk_consumer_serial(p, WG, NC, S, UPS, DIRECT, st, DIAG, Q3, KVR)
     else:
         _pk_consumer(p, WG, NC, S, UPS, DIRECT == 1)
 
 
 @gluon.jit
 def _pk_consumer0(p, NC: gl.constexpr, S: gl.constexpr, SERIAL: gl.constexpr, UPS: gl.constexpr,
-                  DIRECT: gl.constexpr, st, DIAG: gl.constexpr, Q3: gl.constexpr):
-    _pk_consumer_any(p, 0, NC, S, SERIAL, UPS, DIRECT, st, DIAG, Q3)
+                  DIRECT: gl.constexpr, st, DIAG: gl.constexpr, Q3: gl.constexpr, KVR: gl.constexpr):
+    _pk_consumer_any(p, 0, NC, S, SERIAL, UPS, DIRECT, st, DIAG, Q3, KVR)
 
 
 @gluon.jit
 def _pk_consumer1(p, NC: gl.constexpr, S: gl.constexpr, SERIAL: gl.constexpr, UPS: gl.constexpr,
-                  DIRECT: gl.constexpr, st, DIAG: gl.constexpr, Q3: gl.constexpr):
-    _pk_consumer_any(p, 1, NC, S, SERIAL, UPS, DIRECT, st, DIAG, Q3)
+                  DIRECT: gl.constexpr, st, DIAG: gl.constexpr, Q3: gl.constexpr, KVR: gl.constexpr):
+    _pk_consumer_any(p, 1, NC, S, SERIAL, UPS, DIRECT, st, DIAG, Q3, KVR)
 
 
 @gluon.jit
 def _pk_consumer2(p, NC: gl.constexpr, S: gl.constexpr, SERIAL: gl.constexpr, UPS: gl.constexpr,
-                  DIRECT: gl.constexpr, st, DIAG: gl.constexpr, Q3: gl.constexpr):
-    _pk_consumer_any(p, 2, NC, S, SERIAL, UPS, DIRECT, st, DIAG, Q3)
+                  DIRECT: gl.constexpr, st, DIAG: gl.constexpr, Q3: gl.constexpr, KVR: gl.constexpr):
+    _pk_consumer_any(p, 2, NC, S, SERIAL, UPS, DIRECT, st, DIAG, Q3, KVR)
 
 
 @gluon.jit
@@ -422,12 +494,13 @@ def window_packed_kernel(qd, kd, kdd, vd, vdd, cu_ptr, sink_ptr, o_ptr, stride_o
                          S: gl.constexpr, CONSUMER_REGS: gl.constexpr, PRODUCER_REGS: gl.constexpr,
                          num_warps: gl.constexpr, NC: gl.constexpr = 2, SERIAL: gl.constexpr = False,
                          UPS: gl.constexpr = 1, DIRECT: gl.constexpr = False, PF: gl.constexpr = 0,
-                         DIAG: gl.constexpr = 0, Q3: gl.constexpr = False):
+                         DIAG: gl.constexpr = 0, Q3: gl.constexpr = False, KVR: gl.constexpr = False):
     """Grid (KV heads, chunks of ``units_per_cta`` units of 16 tokens (a multiple of UPS), sequences). DIRECT: how
     O is stored (0 through a layout conversion, 1 from the wgmma layout, 2 TMA from a staging buffer per consumer
     warpgroup, 3 TMA from the item's Q box, released after the stores read it; 2 and 3: ``od`` the descriptor of
     out's [16, 64] boxes, None otherwise). DIAG (serial only): 0 the kernel, 1 / 2 diagnostics (config ``diag``).
-    Q3: rows (token, head), ``qd`` (and ``od``) 3D descriptors of [16, 4, 64] boxes (config ``q3d``)."""
+    Q3: rows (token, head), ``qd`` (and ``od``) 3D descriptors of [16, 4, 64] boxes (config ``q3d``). KVR: the K / V
+    group ring (config ``kv_ring``; S Q slots, ``kdd`` / ``vdd`` boxes of 16 rows)."""
     NWG: gl.constexpr = GROUP // HPW     # head quads a unit (2)
     hkv = gl.program_id(0)
     b = gl.program_id(2)
@@ -438,15 +511,27 @@ def window_packed_kernel(qd, kd, kdd, vd, vdd, cu_ptr, sink_ptr, o_ptr, stride_o
     if n_units <= 0:
         return
     q_smem = gl.allocate_shared_memory(gl.bfloat16, [S * UPS * NWG, WM, HD], kd.layout)  # (128-byte swizzle)
-    km = gl.allocate_shared_memory(gl.bfloat16, [S, 128, HD], kd.layout)
-    kdg = gl.allocate_shared_memory(gl.bfloat16, [S, UPS * TPU, HD], kdd.layout)
-    vm = gl.allocate_shared_memory(gl.bfloat16, [S, 128, HD], vd.layout)
-    vdg = gl.allocate_shared_memory(gl.bfloat16, [S, UPS * TPU, HD], vdd.layout)
+    if KVR:   # one ring each for K and V: 16 groups of 16 keys + groups 0-7 mirrored (48 KB each)
+        km = gl.allocate_shared_memory(gl.bfloat16, [KVG + 8, TPU, HD], kdd.layout)
+        vm = gl.allocate_shared_memory(gl.bfloat16, [KVG + 8, TPU, HD], vdd.layout)
+        kdg = km
+        vdg = vm
+        kvb = gl.allocate_shared_memory(gl.int64, [KVG, 1], mbarrier.MBarrierLayout())
+        for i in gl.static_range(KVG):
+            mbarrier.init(kvb.index(i), count=1)
+    else:
+        km = gl.allocate_shared_memory(gl.bfloat16, [S, 128, HD], kd.layout)
+        kdg = gl.allocate_shared_memory(gl.bfloat16, [S, UPS * TPU, HD], kdd.layout)
+        vm = gl.allocate_shared_memory(gl.bfloat16, [S, 128, HD], vd.layout)
+        vdg = gl.allocate_shared_memory(gl.bfloat16, [S, UPS * TPU, HD], vdd.layout)
     if DIRECT == 2:
         o_stage = gl.allocate_shared_memory(gl.bfloat16, [NC, WM, HD], kd.layout)
     else:
         o_stage = q_smem                                                         # (unused: no allocation)
-    st = (od, o_stage)
+    if KVR:
+        st = (od, o_stage, kvb)
+    else:
+        st = (od, o_stage)
     ready = gl.allocate_shared_memory(gl.int64, [S, 1], mbarrier.MBarrierLayout())
     empty = gl.allocate_shared_memory(gl.int64, [S, 1], mbarrier.MBarrierLayout())
     for i in gl.static_range(S):
@@ -458,15 +543,15 @@ def window_packed_kernel(qd, kd, kdd, vd, vdd, cu_ptr, sink_ptr, o_ptr, stride_o
     pf = (q_ptr, k_ptr, v_ptr, stride_qt, stride_kt, stride_vt)
     # (constexprs written out in each tuple: a shared tuple of them would turn them into tensors)
     if NC == 2:
-        gl.warp_specialize([(_pk_consumer0, (p, NC, S, SERIAL, UPS, DIRECT, st, DIAG, Q3)),
-                            (_pk_consumer1, (p, NC, S, SERIAL, UPS, DIRECT, st, DIAG, Q3)),
-                            (_pk_producer, (p, NWG, S, UPS, PF, pf, GROUP, Q3))], [4, 1],
+        gl.warp_specialize([(_pk_consumer0, (p, NC, S, SERIAL, UPS, DIRECT, st, DIAG, Q3, KVR)),
+                            (_pk_consumer1, (p, NC, S, SERIAL, UPS, DIRECT, st, DIAG, Q3, KVR)),
+                            (_pk_producer, (p, NWG, S, UPS, PF, pf, GROUP, Q3, KVR, st))], [4, 1],
                            [CONSUMER_REGS, PRODUCER_REGS])
     else:
-        gl.warp_specialize([(_pk_consumer0, (p, NC, S, SERIAL, UPS, DIRECT, st, DIAG, Q3)),
-                            (_pk_consumer1, (p, NC, S, SERIAL, UPS, DIRECT, st, DIAG, Q3)),
-                            (_pk_consumer2, (p, NC, S, SERIAL, UPS, DIRECT, st, DIAG, Q3)),
-                            (_pk_producer, (p, NWG, S, UPS, PF, pf, GROUP, Q3))], [4, 4, 1],
+        gl.warp_specialize([(_pk_consumer0, (p, NC, S, SERIAL, UPS, DIRECT, st, DIAG, Q3, KVR)),
+                            (_pk_consumer1, (p, NC, S, SERIAL, UPS, DIRECT, st, DIAG, Q3, KVR)),
+                            (_pk_consumer2, (p, NC, S, SERIAL, UPS, DIRECT, st, DIAG, Q3, KVR)),
+                            (_pk_producer, (p, NWG, S, UPS, PF, pf, GROUP, Q3, KVR, st))], [4, 4, 1],
                            [CONSUMER_REGS, CONSUMER_REGS, PRODUCER_REGS])
 
 
@@ -480,6 +565,10 @@ def _store_mode(cfg: GluonWindowPackedConfig) -> int:
                          f"config {cfg}")
     if (cfg.tma_store or cfg.store_via_q) and not cfg.serial:
         raise ValueError(f"TMA stores of O are built for the serial consumers only; config {cfg}")
+    if cfg.kv_ring and (not cfg.serial or cfg.ups != 1 or cfg.tma_store or cfg.store_via_q or cfg.direct_store
+                        or cfg.prefetch or 8 + cfg.stages > 16):
+        raise ValueError(f"kv_ring is built for the serial consumers, one unit a slot, store mode 0, no prefetch and "
+                         f"at most 8 Q slots; config {cfg}")
     if cfg.q3d and (not cfg.serial or cfg.tma_store or cfg.direct_store):
         raise ValueError(f"q3d is built for the serial consumers with store modes 0 / 3 only; config {cfg}")
     return 3 if cfg.store_via_q else 2 if cfg.tma_store else int(cfg.direct_store)
@@ -521,7 +610,8 @@ def window_packed_attention(q, k, v, cu_seqlens_q, sinks, scale: float, window: 
                                              S=cfg.stages, CONSUMER_REGS=cfg.consumer_regs,
                                              PRODUCER_REGS=cfg.producer_regs, num_warps=4, maxnreg=cfg.maxnreg,
                                              NC=cfg.nc, SERIAL=cfg.serial, UPS=cfg.ups,
-                                             DIRECT=mode, PF=cfg.prefetch, DIAG=_diag_mode(cfg), Q3=cfg.q3d)
+                                             DIRECT=mode, PF=cfg.prefetch, DIAG=_diag_mode(cfg), Q3=cfg.q3d,
+                                             KVR=cfg.kv_ring)
     return out
 
 

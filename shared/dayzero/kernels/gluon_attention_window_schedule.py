@@ -138,6 +138,24 @@ def ring_waits_every_phase(nc: int, stages: int, ups: int, n_slots: int = 96) ->
     return True
 
 
+def kv_ring_holds_window(stages: int, ng: int = 16, n_units: int = 64) -> bool:
+    """The ``kv_ring`` layout of ``gluon_attention_window_packed`` replayed on indices: local group lg (keys of unit
+    lg - 8) goes to ring row lg % ng, rows 0-7 also to ng + lg % ng; the producer loads groups 0-7, then unit u's
+    Q with group u + 8 once unit u - stages is released (in order). While unit v is the oldest unreleased, units
+    v .. v + stages - 1 may be loaded and in process: each such unit u must find groups u .. u + 7 at rows
+    u % ng .. u % ng + 7 (its window, one contiguous view) and group u + 8 at row (u + 8) % ng."""
+    for v in range(n_units):
+        rows = [-1] * (ng + 8)
+        for lg in range(min(v + stages, n_units) + 8):           # every group loaded by then
+            rows[lg % ng] = lg
+            if lg % ng < 8:
+                rows[ng + lg % ng] = lg
+        for u in range(v, min(v + stages, n_units)):
+            if rows[u % ng:u % ng + 8] != list(range(u, u + 8)) or rows[(u + 8) % ng] != u + 8:
+                return False
+    return True
+
+
 def packed_bounds(t0: int, window: int, toff: int = 0) -> tuple[torch.Tensor, torch.Tensor]:
     """The kernel's mask of a unit at token t0 + toff of a ring slot whose keys start at t0 - 128: row r sees
     columns lo[r] <= c <= hi[r] (key t0 - 128 + c)."""
