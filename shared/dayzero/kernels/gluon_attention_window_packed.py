@@ -34,7 +34,11 @@ Layout (``gluon_attention_window_schedule.emulate_window_packed`` runs the same 
     read the next sequence (or TMA zero fill) and are never stored;
   * session 6 options: ``direct_store`` (O / l stored from the wgmma layout: no 8 KB a warpgroup of
     layout-conversion scratch, so a 4th 52 KB slot fits), ``prefetch`` (the producer also issues an L2
-    prefetch of slot v + prefetch's Q / K / V rows: the DRAM stream in flight without shared memory).
+    prefetch of slot v + prefetch's Q / K / V rows: the DRAM stream in flight without shared memory);
+    ``tma_store`` / ``store_via_q`` (O out by TMA from a staging buffer / the item's Q box), ``q3d`` (rows (token,
+    head): a quad's Q as one 3D box), ``kv_ring`` (K / V in a mirrored ring of 16-key groups, each loaded once:
+    ``_pk_producer_ring``), ``diag`` (timed-only diagnostics). Session 6 round 2 measured the first two slower
+    than pk3s; q3d and kv_ring are not yet timed (bench/NOTES.md).
 Reused from the prefill kernel: ``_to_a``, ``WM``, ``HD``. Importing this module imports triton's
 Gluon.
 """

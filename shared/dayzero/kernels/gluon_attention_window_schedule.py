@@ -26,6 +26,8 @@ the arithmetic). Every key any of its rows may see lies in [m_start - 128, m_sta
 
 from __future__ import annotations
 
+import functools
+
 from dataclasses import dataclass
 
 import torch
@@ -122,6 +124,7 @@ def packed_chunk(max_seqlen_q: int, streams: int, sms: int, min_units: int, ups:
     return per, -(-n // per)
 
 
+@functools.lru_cache(maxsize=None)   # (checked at every launch: a few hundred loop steps the first time only)
 def ring_waits_every_phase(nc: int, stages: int, ups: int, n_slots: int = 96) -> bool:
     """Version 2's consumers wait for a slot's ``ready`` barrier by parity ((v // stages) & 1). A consumer
     warpgroup that skips a phase of a barrier it waits on (none of its items in slot v, items in slot v + stages)
