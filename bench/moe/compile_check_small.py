@@ -93,11 +93,11 @@ def split_configs(labels=None):
             if t.gemv and (kern is S.gate_up_kernel or t.gemv_down):  # T = 1 on the GEMV kernels (20B, K = 2880)
                 bn = t.bn_gate_up if kern is S.gate_up_kernel else t.bn_down
                 consts = dict(BN=bn, BK=t.gemv_bk, U=t.gemv_u, EVEN_K=2880 % (t.gemv_bk * t.gemv_u) == 0,
-                              PIPE=t.gemv_pipe, G=t.gemv_group, PFD=t.gemv_prefetch)
+                              PIPE=t.gemv_pipe, G=t.gemv_group)
                 if kern is S.down_kernel:
-                    consts.update(TOPK=4, PB=16, DOT_F32=False, PDL=t.pdl, PF=t.prefetch_down if t.pdl else 0)
+                    consts.update(TOPK=4, PB=16, DOT_F32=False, PDL=t.pdl)
                 else:
-                    consts.update(PDL=t.pdl, EF=t.pdl and t.prefetch_down == 2)
+                    consts.update(PDL=t.pdl)
                 gk = G.gemv_gate_up_kernel if kern is S.gate_up_kernel else G.gemv_down_kernel
                 warps = t.warps_down or t.warps if kern is S.down_kernel else t.warps
                 yield f"{name} {label} T1 gemv", gk, consts, warps, 1, 0
@@ -112,9 +112,6 @@ def split_configs(labels=None):
                     consts["KP"] = 4 if t.vec_combine else 0
                 consts["IDS1"] = t.ids_once and fused
                 consts["PDL"] = t.pdl and fused
-                consts["PFD"] = t.mma_prefetch if t.row_scales else 0
-                if kern is S.down_kernel:
-                    consts["PF"] = t.prefetch_down if t.pdl and fused else 0
                 consts["SK"] = scale_row(2880, split, t)
                 warps = t.warps_down or t.warps if kern is S.down_kernel else t.warps
                 stages = t.stages_down or t.stages if kern is S.down_kernel else t.stages

@@ -1,5 +1,5 @@
-"""CUDA-core GEMV kernels of the decode MoE for one token (T = 1), launched by ``MoeSplit`` when its
-tiles ask for them (``SplitTiles.gemv``).
+"""CUDA-core GEMV kernels of the decode MoE for one token (T = 1; gate_up also for a few tokens), launched
+by ``MoeSplit`` when its tiles ask for them (``SplitTiles.gemv``).
 
 At T = 1 each of the k routes is its own expert with one row, so the tensor-core path of
 ``triton_moe_small_split_kernels`` multiplies a 16-row A tile of which 15 rows are masked, and
@@ -23,50 +23,36 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
-from .triton_moe_small_pdl import _bulk_prefetch, prefetch_rows, trigger, wait
+from .triton_moe_small_pdl import trigger, wait
 from .triton_moe_small_route import _touched
 from .triton_moe_small_split_kernels import _combine_tile, _ticket
 
 
 @triton.jit
-def _row_dot(w_ptrs, v_ptr, s_ptr, K, row_ptrs, rows_ok, BN: tl.constexpr, BK: tl.constexpr, U: tl.constexpr,
-             EVEN_K: tl.constexpr, PIPE: tl.constexpr = 0, G: tl.constexpr = 0, EF: tl.constexpr = False,
-             PFD: tl.constexpr = 0):
+def _row_dot(w_ptrs, v_ptr, s_ptr, K, BN: tl.constexpr, BK: tl.constexpr, U: tl.constexpr,
+             EVEN_K: tl.constexpr, PIPE: tl.constexpr = 0, G: tl.constexpr = 0):
     """[BN] fp32 = sum over k of w[n, k] * v[k] * scale[k // 128] (w: FP8 rows at ``w_ptrs`` + k,
     the [BN, BK] pointers of K step 0; BK divides 128). ``PIPE`` = 0: the loads of a loop trip are
     issued next to their use (sm_90 SASS: one DRAM round trip waited per trip, U steps in flight);
     ``PIPE`` > 0: the loop is software-pipelined over PIPE stages (``tl.range(num_stages=...)``: the
     compiler turns the weight, x and scale loads into cp.async copies into shared memory, PIPE - 1
-    trips in flight; none of them depends on a load in the loop). ``G`` > 0: each step first sums
-    groups of G neighbouring products (w * x, a thread's own 16-byte run at G = 16), then scales those
-    sums: acc [BN, BK / G] instead of [BN, BK] and no x * scale per element. ``EF``: the weights are read
-    evict-first (L2 keeps the down tiles that ``triton_moe_small_pdl`` prefetched meanwhile). ``PFD`` > 0:
-    the rows (``row_ptrs`` [BN], valid ``rows_ok``) are bulk-prefetched into L2 PFD loop trips ahead (the
-    first PFD trips before the loop, then one trip per trip): the trip's own loads then wait an L2 round
-    trip instead of a DRAM one, and DRAM sees ~PFD trips of every program in flight."""
+    trips in flight; none of them depends on a load in the loop; run 11: slower, the GEMV is bound by
+    its instructions and cp.async adds some). ``G`` > 0: each step first sums groups of G neighbouring
+    products (w * x, a thread's own 16-byte run at G = 16), then scales those sums: acc [BN, BK / G]
+    instead of [BN, BK] and no x * scale per element (run 11: 154 -> 140 instructions per warp and KB,
+    gate_up 25.4 -> 22.8 us at T = 1)."""
     offs_k = tl.arange(0, BK)
     acc = tl.zeros((BN, BK // G if G > 0 else BK), dtype=tl.float32)
-    if PFD > 0:
-        prefetch_rows(row_ptrs, rows_ok, 0, tl.minimum(PFD * BK * U, K), BN, False)
-        # loop-invariant parts of the per-trip prefetch: [BN, 4] pieces of BK * U / 4 bytes
-        PQ: tl.constexpr = BK * U // 4
-        pq = tl.arange(0, 4) * PQ
-        pf_ptrs = row_ptrs[:, None] + pq[None, :]
-        pf_ok = rows_ok[:, None] & (pq >= 0)[None, :]
     for k0 in tl.range(0, K, BK * U, num_stages=PIPE if PIPE > 0 else None):
-        if PFD > 0:
-            kp = k0 + PFD * BK * U
-            size = tl.minimum(tl.maximum(K - kp - pq, 0), PQ)
-            _bulk_prefetch(pf_ptrs + kp, tl.where(pf_ok, size[None, :], 0), False)
         for u in tl.static_range(U):
             k = k0 + u * BK
             if EVEN_K:
-                w = tl.load(w_ptrs + k, eviction_policy="evict_first" if EF else "")
+                w = tl.load(w_ptrs + k)
                 v = tl.load(v_ptr + k + offs_k)
                 sc = tl.load(s_ptr + k // 128)
             else:
                 k_ok = k + offs_k < K
-                w = tl.load(w_ptrs + k, mask=k_ok[None, :], other=0.0, eviction_policy="evict_first" if EF else "")
+                w = tl.load(w_ptrs + k, mask=k_ok[None, :], other=0.0)
                 v = tl.load(v_ptr + k + offs_k, mask=k_ok, other=0.0)
                 sc = tl.load(s_ptr + k // 128, mask=k < K, other=0.0)
             if G > 0:
@@ -90,8 +76,7 @@ def gemv_gate_up_kernel(x_ptr, ids_ptr, w_ptr, s_ptr, b_ptr, h_ptr, K, N, n_tile
                         stride_se, stride_sn, stride_be, stride_h, limit, alpha,
                         BN: tl.constexpr, BK: tl.constexpr, U: tl.constexpr, EVEN_K: tl.constexpr,
                         PIPE: tl.constexpr = 0, G: tl.constexpr = 0, PDL: tl.constexpr = False,
-                        EF: tl.constexpr = False, P: tl.constexpr = 0, TOPK: tl.constexpr = 1, stride_x=0,
-                        PFD: tl.constexpr = 0):
+                        P: tl.constexpr = 0, TOPK: tl.constexpr = 1, stride_x=0):
     trigger(PDL)   # the down grid (launch_pdl) may start; it waits for this grid before reading h
     pid = tl.program_id(0)
     if P > 0:   # T > 1: program = (N tile, pair j), pairs of one tile adjacent (a repeated expert's tile
@@ -109,8 +94,7 @@ def gemv_gate_up_kernel(x_ptr, ids_ptr, w_ptr, s_ptr, b_ptr, h_ptr, K, N, n_tile
     rows_c = tl.where(rows < N, rows, 0)
     w_ptrs = w_ptr + e64 * stride_we + rows_c[:, None].to(tl.int64) * stride_wn + tl.arange(0, BK)[None, :]
     s_row = s_ptr + e64 * stride_se + ((tile * BN) // 128) * stride_sn
-    v = _row_dot(w_ptrs, x_ptr, s_row, K, w_ptr + e64 * stride_we + rows_c.to(tl.int64) * stride_wn, rows < N, BN, BK,
-                 U, EVEN_K, PIPE, G, EF, PFD)
+    v = _row_dot(w_ptrs, x_ptr, s_row, K, BN, BK, U, EVEN_K, PIPE, G)
     v = (v + tl.load(b_ptr + e64 * stride_be + rows_c).to(tl.float32)).to(tl.bfloat16).to(tl.float32)
     gate, up = tl.split(tl.reshape(v, (BN // 2, 2)))
     gate = tl.minimum(gate, limit)
@@ -125,7 +109,7 @@ def gemv_down_kernel(h_ptr, ids_ptr, wt_ptr, w_ptr, s_ptr, b_ptr, y_ptr, out_ptr
                      offset, E, stride_h, stride_we, stride_wn, stride_se, stride_sn, stride_be, stride_o,
                      TOPK: tl.constexpr, PB: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr, U: tl.constexpr,
                      EVEN_K: tl.constexpr, DOT_F32: tl.constexpr, PIPE: tl.constexpr = 0,
-                     G: tl.constexpr = 0, PDL: tl.constexpr = False, PF: tl.constexpr = 0, PFD: tl.constexpr = 0):
+                     G: tl.constexpr = 0, PDL: tl.constexpr = False):
     pid = tl.program_id(0)
     j = pid // n_tiles
     tile = pid % n_tiles
@@ -144,11 +128,8 @@ def gemv_down_kernel(h_ptr, ids_ptr, wt_ptr, w_ptr, s_ptr, b_ptr, y_ptr, out_ptr
     rows_c = tl.where(n_ok, rows, 0)
     w_ptrs = w_ptr + e64 * stride_we + rows_c[:, None].to(tl.int64) * stride_wn + tl.arange(0, BK)[None, :]
     s_row = s_ptr + e64 * stride_se + ((tile * BN) // 128) * stride_sn
-    if PF > 0:  # the tile into L2 while gate_up still runs
-        prefetch_rows(w_ptr + e64 * stride_we + rows_c.to(tl.int64) * stride_wn, n_ok, 0, K, BN, PF == 2)
     wait(PDL)   # gate_up complete (h visible) before the first h load or global store
-    acc = _row_dot(w_ptrs, h_ptr + j * stride_h, s_row, K, w_ptr + e64 * stride_we + rows_c.to(tl.int64) * stride_wn,
-                   n_ok, BN, BK, U, EVEN_K, PIPE, G, False, PFD)
+    acc = _row_dot(w_ptrs, h_ptr + j * stride_h, s_row, K, BN, BK, U, EVEN_K, PIPE, G)
     y = (acc + tl.load(b_ptr + e64 * stride_be + rows_c).to(tl.float32)) * tl.load(wt_ptr + j).to(tl.float32)
     tl.store(y_ptr + j * N + rows, y, mask=n_ok)
     if _ticket(ticket_ptr + tile, rows, DOT_F32) == touched - 1:

@@ -5,8 +5,10 @@
 experts with 128x128 block scales, expert parallel through ``experts.derived["expert_offset"]``,
 static shapes for a given T and no host syncs (CUDA-graph capturable), bitwise repeatable
 (partials are summed in a fixed order). At T * k <= ``fuse_max_pairs`` two launches: gate_up and
-down (which also combines); above, plan + gate_up + down + combine. At T = 1 tiles with ``gemv``
-launch the CUDA-core GEMV kernels of ``triton_moe_small_gemv`` instead (still two launches).
+down (which also combines); above, plan + gate_up + down + combine. At T = 1 (up to ``gemv_max_t``
+tokens for gate_up) tiles with ``gemv`` launch the CUDA-core GEMV kernels of ``triton_moe_small_gemv``
+instead (still two launches); tiles with ``pdl`` launch down with programmatic dependent launch
+(``triton_moe_small_pdl``).
 """
 
 from __future__ import annotations
@@ -66,14 +68,10 @@ class SplitTiles:
     gemv_pipe: int = 0
     gemv_group: int = 0
     gemv_max_t: int = 1          # gate_up on the GEMV kernel up to this many tokens (one program per pair)
-    gemv_prefetch: int = 0       # > 0: GEMV rows bulk-prefetched into L2 that many loop trips ahead
-    mma_prefetch: int = 0        # > 0 (with row_scales): MMA weight rows bulk-prefetched that many K steps ahead
     stages_down: int = 0         # pipeline depth of the MMA down kernel (0: ``stages``)
     # fused calls (``triton_moe_small_pdl``): the down grid launched with programmatic dependent launch
-    # (gate_up lets it start at once; down waits for gate_up before reading h); prefetch_down 1 / 2: down
-    # first bulk-prefetches its weight tile into L2 (2: evict-last lines, gate_up's GEMV reads evict-first)
+    # (gate_up lets it start at once; down waits for gate_up before reading h or storing)
     pdl: bool = False
-    prefetch_down: int = 0
     # MMA kernels: each program loads its K range's block scales once before the K loop (``_stream``
     # SK > 0) instead of one step ahead (a global load whose register move waits inside every step)
     row_scales: bool = False
@@ -134,104 +132,40 @@ VARIANTS = {
                              stages_down=8),
     "k1_d32_s8": SplitTiles(bn_gate_up=32, bn_down=32, split_gate_up=1, split_down=1, stages_down=8),
     "k1_d64_s6": SplitTiles(bn_gate_up=32, bn_down=64, split_gate_up=1, split_down=1, stages_down=6),
-    # candidates for run 10 (bench/NOTES.md "MoE decode run 10"): the sm_90 SASS of every MMA K loop
-    # waits one L2 round trip per 128-wide step for the next block scale (the move that carries it into
-    # the next step waits for its load), whatever the pipeline depth (run 9: 8 stages no faster), and
-    # the fused combine chains 2k dependent loads on the last program, and the leader-slot prologue three
-    # before the first weight load. ``_r``: scales loaded once per program (row_scales), the combine's loads
-    # at once (vec_combine), the ids once (ids_once); ``_r8``/``_r6``: deeper pipelines on top; ``_rs``:
-    # the scale rows alone (splits the gain between the loop and the prologue / tail)
-    "gvg_d32_rs": SplitTiles(bn_gate_up=32, bn_down=32, split_gate_up=1, split_down=1, gemv=True, gemv_down=False,
-                             row_scales=True),
+    # run 10 (bench/NOTES.md "MoE decode run 10", timed in run 11): ``_r`` = each program's block scales loaded
+    # once (row_scales), the fused combine's loads at once (vec_combine), the pair ids loaded once (ids_once).
+    # Run 11 call 1: T = 1 down 19.1 -> 18.4 us only; T = 2-8 -3 to -5 %. The 8 / 6-stage and scale-rows-alone
+    # variants (gvg_d32_r8, k1_d64_r6, gvg_d32_rs) were no better and are removed.
     "gvg_d32_r": SplitTiles(bn_gate_up=32, bn_down=32, split_gate_up=1, split_down=1, gemv=True, gemv_down=False,
                             row_scales=True, vec_combine=True, ids_once=True),
-    "gvg_d32_r8": SplitTiles(bn_gate_up=32, bn_down=32, split_gate_up=1, split_down=1, gemv=True, gemv_down=False,
-                             row_scales=True, vec_combine=True, ids_once=True, stages_down=8),
-    "k1_d32_r": SplitTiles(bn_gate_up=32, bn_down=32, split_gate_up=1, split_down=1, row_scales=True,
-                           vec_combine=True, ids_once=True),
     "k1_d64_r": SplitTiles(bn_gate_up=32, bn_down=64, split_gate_up=1, split_down=1, row_scales=True,
                            vec_combine=True, ids_once=True),
-    "k1_d64_r6": SplitTiles(bn_gate_up=32, bn_down=64, split_gate_up=1, split_down=1, row_scales=True,
-                            vec_combine=True, ids_once=True, stages_down=6),
     "gv64_d32_r": SplitTiles(bn_gate_up=64, bn_down=32, split_gate_up=1, split_down=1, gemv=True, row_scales=True,
                              vec_combine=True, ids_once=True),
     "bn64_r": SplitTiles(bn_gate_up=64, bn_down=64, row_scales=True, vec_combine=True, ids_once=True),
-    # candidates for run 11 (bench/NOTES.md "MoE decode run 11"): the GEMV gate_up at T = 1 waits one DRAM
-    # round trip per loop trip of U = 2 steps (25.6 us vs its 19.7 us read floor). ``gvp``: its K loop
-    # software-pipelined (gemv_pipe stages of cp.async copies, one step per trip) with in-thread groups of 16
-    # products (gemv_group: sm_90 build bn32 39 registers, 10 per SM by shared memory, 185 instructions per
-    # warp and KB; bn64 at 4 stages 64 registers, 8 per SM, 132); ``gvq``: the groups alone (no pipeline:
-    # attribution, 140 per KB); ``gvp_gv16``: the down on the pipelined GEMV too (bn16: 32 registers)
-    "gvp_d32": SplitTiles(bn_gate_up=32, bn_down=32, split_gate_up=1, split_down=1, gemv=True, gemv_down=False,
-                          gemv_u=1, gemv_pipe=6, gemv_group=16),
-    "gvp64_d32": SplitTiles(bn_gate_up=64, bn_down=32, split_gate_up=1, split_down=1, gemv=True, gemv_down=False,
-                            gemv_u=1, gemv_pipe=4, gemv_group=16),
+    # run 11 (bench/NOTES.md "MoE decode run 11"): the GEMV gate_up with in-thread groups of 16 products
+    # (gemv_group: 140 vs 154 instructions per warp and KB, 63 registers) 25.4 -> 22.8 us at T = 1. Lost and
+    # removed: the cp.async-pipelined GEMV (gemv_pipe, 24.3 us; down 25.0), bn64 / U = 4 GEMV tiles, L2 bulk
+    # prefetches of the weights (30-100 % slower), PDL at T = 1 (40.5 -> 49.1 us)
     "gvq_d32": SplitTiles(bn_gate_up=32, bn_down=32, split_gate_up=1, split_down=1, gemv=True, gemv_down=False,
                           gemv_group=16),
-    "gvp_d32_r": SplitTiles(bn_gate_up=32, bn_down=32, split_gate_up=1, split_down=1, gemv=True, gemv_down=False,
-                            gemv_u=1, gemv_pipe=6, gemv_group=16, row_scales=True, vec_combine=True, ids_once=True),
-    "gvp_gv16": SplitTiles(bn_gate_up=32, bn_down=16, split_gate_up=1, split_down=1, gemv=True, gemv_u=1,
-                           gemv_pipe=6, gemv_group=16),
-    # run 11 call 1 (bench/NOTES.md "MoE decode run 11"): gvq's gate_up 22.8 us (groups alone; the pipelined
-    # gvp 24.3: the GEMV is issue-bound, cp.async adds instructions), run 10's `_r` down 18.4 vs 19.1; `_r`
-    # at T = 2-8 -3 to -5 %. Call 2: gvq gate_up + `_r` down, then the kernel boundary
-    # (``triton_moe_small_pdl``): ``p`` = PDL (down's programs start beside gate_up's and wait before
-    # reading h), ``pf`` = + down's weight tile bulk-prefetched into L2 before that wait, ``pe`` = the same
-    # with evict-last prefetches and gate_up's weights read evict-first
     "gvq_d32_r": SplitTiles(bn_gate_up=32, bn_down=32, split_gate_up=1, split_down=1, gemv=True, gemv_down=False,
                             gemv_group=16, row_scales=True, vec_combine=True, ids_once=True),
-    "gvq_d32_rp": SplitTiles(bn_gate_up=32, bn_down=32, split_gate_up=1, split_down=1, gemv=True, gemv_down=False,
-                             gemv_group=16, row_scales=True, vec_combine=True, ids_once=True, pdl=True),
-    "gvq_d32_rpf": SplitTiles(bn_gate_up=32, bn_down=32, split_gate_up=1, split_down=1, gemv=True, gemv_down=False,
-                              gemv_group=16, row_scales=True, vec_combine=True, ids_once=True, pdl=True,
-                              prefetch_down=1),
-    "gvq_d32_rpe": SplitTiles(bn_gate_up=32, bn_down=32, split_gate_up=1, split_down=1, gemv=True, gemv_down=False,
-                              gemv_group=16, row_scales=True, vec_combine=True, ids_once=True, pdl=True,
-                              prefetch_down=2),
-    "k1_d64_rp": SplitTiles(bn_gate_up=32, bn_down=64, split_gate_up=1, split_down=1, row_scales=True,
-                            vec_combine=True, ids_once=True, pdl=True),
-    "k1_d64_rpf": SplitTiles(bn_gate_up=32, bn_down=64, split_gate_up=1, split_down=1, row_scales=True,
-                             vec_combine=True, ids_once=True, pdl=True, prefetch_down=1),
-    "gv64_d32_rp": SplitTiles(bn_gate_up=64, bn_down=32, split_gate_up=1, split_down=1, gemv=True, row_scales=True,
-                              vec_combine=True, ids_once=True, pdl=True),
-    "bn64_rp": SplitTiles(bn_gate_up=64, bn_down=64, row_scales=True, vec_combine=True, ids_once=True, pdl=True),
-    # the gate_up GEMV with fewer instructions per KB (sm_90 builds, groups of 16): bn64 U = 2 115 (80 registers,
-    # 6 per SM, 360 programs), bn32 U = 4 138 (80 registers, 6 per SM; 6 loop trips instead of 12); gvq 140
-    "gvq64_d32_rpe": SplitTiles(bn_gate_up=64, bn_down=32, split_gate_up=1, split_down=1, gemv=True,
-                                gemv_down=False, gemv_group=16, row_scales=True, vec_combine=True, ids_once=True,
-                                pdl=True, prefetch_down=2),
-    # the GEMV gate_up also at T = 2 (one program per pair and N tile; call 1: the MMA gate_up is 49.5 of
-    # k1_d64_r's 72.7 us at T = 2, 2.65 TB/s vs the GEMV's 2.9 at T = 1), MMA down d64 as k1_d64_r
+    # the grouped GEMV gate_up also at T > 1 (gemv_max_t: one program per (N tile, pair)) with PDL between the
+    # kernels (``_rp``): run 11 call 2, T = 2 gvq2_d64_rp 70.9 / 72.2 us vs k1_d64 76.0 / 78.5; T = 4
+    # gvqt8_d32_rp 105.5 / 122.1 vs the aligned path 119.1 (20B) / gv64_d32 149.0 (120B). The same without PDL
+    # (``_r``; PDL cost 8.6 us at T = 1) and gvqt8 at T = 5-8 are not timed yet
     "gvq2_d64_rp": SplitTiles(bn_gate_up=32, bn_down=64, split_gate_up=1, split_down=1, gemv=True, gemv_down=False,
                               gemv_group=16, gemv_max_t=2, row_scales=True, vec_combine=True, ids_once=True,
                               pdl=True),
     "gvqt8_d32_rp": SplitTiles(bn_gate_up=32, bn_down=32, split_gate_up=1, split_down=1, gemv=True,
                                gemv_down=False, gemv_group=16, gemv_max_t=8, row_scales=True, vec_combine=True,
                                ids_once=True, pdl=True),
-    # the GEMV gate_up's rows bulk-prefetched into L2 2 / 4 loop trips (4 / 8 steps) ahead
-    "gvq_pf2_d32_rpe": SplitTiles(bn_gate_up=32, bn_down=32, split_gate_up=1, split_down=1, gemv=True,
-                                  gemv_down=False, gemv_group=16, gemv_prefetch=2, row_scales=True, vec_combine=True,
-                                  ids_once=True, pdl=True, prefetch_down=2),
-    "gvq_pf4_d32_rpe": SplitTiles(bn_gate_up=32, bn_down=32, split_gate_up=1, split_down=1, gemv=True,
-                                  gemv_down=False, gemv_group=16, gemv_prefetch=4, row_scales=True, vec_combine=True,
-                                  ids_once=True, pdl=True, prefetch_down=2),
-    "gvq_pf4_d32_r": SplitTiles(bn_gate_up=32, bn_down=32, split_gate_up=1, split_down=1, gemv=True,
-                                gemv_down=False, gemv_group=16, gemv_prefetch=4, row_scales=True, vec_combine=True,
-                                ids_once=True),
-    # the MMA weight rows bulk-prefetched 4 K steps ahead (T = 2-8), and the per-pair GEMV gate_up with its
-    # rows prefetched 2 trips ahead
-    "k1_d64_rpp": SplitTiles(bn_gate_up=32, bn_down=64, split_gate_up=1, split_down=1, row_scales=True,
-                             vec_combine=True, ids_once=True, pdl=True, mma_prefetch=4),
-    "gv64_d32_rpp": SplitTiles(bn_gate_up=64, bn_down=32, split_gate_up=1, split_down=1, gemv=True, row_scales=True,
-                               vec_combine=True, ids_once=True, pdl=True, mma_prefetch=4),
-    "bn64_rpp": SplitTiles(bn_gate_up=64, bn_down=64, row_scales=True, vec_combine=True, ids_once=True, pdl=True,
-                           mma_prefetch=4),
-    "gvqt8_pf2_d32_rpp": SplitTiles(bn_gate_up=32, bn_down=32, split_gate_up=1, split_down=1, gemv=True,
-                                    gemv_down=False, gemv_group=16, gemv_max_t=8, gemv_prefetch=2, row_scales=True,
-                                    vec_combine=True, ids_once=True, pdl=True, mma_prefetch=4),
-    "gvq4_d32_rpe": SplitTiles(bn_gate_up=32, bn_down=32, split_gate_up=1, split_down=1, gemv=True,
-                               gemv_down=False, gemv_group=16, gemv_u=4, row_scales=True, vec_combine=True,
-                               ids_once=True, pdl=True, prefetch_down=2),
+    "gvq2_d64_r": SplitTiles(bn_gate_up=32, bn_down=64, split_gate_up=1, split_down=1, gemv=True, gemv_down=False,
+                             gemv_group=16, gemv_max_t=2, row_scales=True, vec_combine=True, ids_once=True),
+    "gvqt8_d32_r": SplitTiles(bn_gate_up=32, bn_down=32, split_gate_up=1, split_down=1, gemv=True,
+                              gemv_down=False, gemv_group=16, gemv_max_t=8, row_scales=True, vec_combine=True,
+                              ids_once=True),
 }
 # the device tests run the engine on candidates before they become defaults: this environment variable
 # holds "name[@max_pairs],..." (``VARIANTS`` names); the first entry whose max_pairs >= T * k (or with
@@ -253,24 +187,26 @@ def forced_tiles(pairs: int) -> SplitTiles | None:
 def takes_split(pairs: int, E: int) -> bool:
     """Whether a call with ``pairs`` = T * k (token, expert) pairs and E local experts runs here: every
     T * k <= 256 except 8 < T * k <= 16 with < 64 local experts unless the tiles there load their block
-    scales once (``row_scales``; run 11 call 1, 20B T = 4: gv64_d32_r 113.1 / k1_d64_r 109.5 vs the aligned
-    path 119.1 us; without: gv64_d32 118.6, run 8 119.5 vs 120.5, a tie)."""
+    scales once (``row_scales``; run 11, 20B T = 4 vs the aligned path 119.1 us: gvqt8_d32_rp 105.5 (call 2),
+    gv64_d32_r 113.1 (call 1); without row_scales: gv64_d32 118.6, run 8 119.5 vs 120.5, a tie)."""
     if not 0 < pairs <= DECODE_MAX_PAIRS:
         return False
     return not (E < 64 and 8 < pairs <= 16) or default_tiles(pairs, E).row_scales
 
 
 def default_tiles(pairs: int, E: int) -> SplitTiles:
-    """Runs 8 and 9 (bench/NOTES.md "MoE decode run 8" / "run 9", same-run anchors, CUDA graphs): gvg_d32 at
-    T * k <= 4 (T = 1: GEMV kernels, down with a deeper pipeline; run 9: 20B / 120B 44.8 / 43.9 vs gv_d16
-    45.9 / 46.8 us, run 8: gv_d16 46.0 / 46.7 vs k1 53.1 / 52.8), k1_d64 at <= 8 (T = 2: 76.1 / 79.6
-    vs 85.3 / 89.2), gv64_d32 at <= 16 (MMA tiles there; 120B T = 4 148.3 vs bn64 157.2; 20B T = 4 stays
-    on the aligned path, ``takes_split``), bn64 above (run 5). ``DAYZERO_MOE_SMALL_TILES`` overrides it
-    (``forced_tiles``: device tests of candidates)."""
+    """Run 11 call 2 (bench/NOTES.md "MoE decode run 11", same-run anchors, CUDA graphs, 20B / 120B us; picked
+    by ``bench/moe/pick_small.py``, then the registered-op / graph-replay tests and the engine's CUDA-graph
+    test passed on these tiles): gvq_d32_r at T * k <= 4 (T = 1: 40.5 / 40.5 vs gvg_d32 43.8 / 44.0),
+    gvq2_d64_rp at <= 8 (T = 2: 70.9 / 72.2 vs k1_d64 76.0 / 78.5), gvqt8_d32_rp at <= 16 (T = 4: 105.5 /
+    122.1 vs the aligned path 119.1 / gv64_d32 149.0; 20B T = 3-4 now on this path, ``takes_split``),
+    bn64_r at <= 32 (T = 8: 188.0 / 244.8 vs bn64 192.7 / 252.5), bn64 above (run 5).
+    ``DAYZERO_MOE_SMALL_TILES`` overrides it (``forced_tiles``: device tests of candidates)."""
     forced = forced_tiles(pairs)
     if forced is not None:
         return forced
-    return VARIANTS["gvg_d32" if pairs <= 4 else "k1_d64" if pairs <= 8 else "gv64_d32" if pairs <= 16 else "bn64"]
+    return VARIANTS["gvq_d32_r" if pairs <= 4 else "gvq2_d64_rp" if pairs <= 8 else "gvqt8_d32_rp" if pairs <= 16
+                    else "bn64_r" if pairs <= 32 else "bn64"]
 
 
 def choose_split(requested: int, slots: int, n_tiles: int, K: int, tiles: SplitTiles) -> int:
@@ -343,12 +279,6 @@ class MoeSplit:
         self.y = torch.empty((self.s2, self.P, H), dtype=torch.float32, device=dev)       # per split, pair
         self.out = torch.empty((T, H), dtype=x.dtype, device=dev)
         self.pdl = t.pdl and self.fused and not interpreting()   # (the interpreter runs no inline asm)
-        # bulk L2 prefetches need 16-byte aligned rows and pieces (gpt-oss: H = I = 2880)
-        ex16 = all(a.data_ptr() % 16 == 0 and a.stride(0) % 16 == 0 and a.stride(1) % 16 == 0
-                   for a in (experts.gate_up, experts.down)) and H % 16 == 0 and I % 16 == 0
-        self.pf_down = t.prefetch_down if self.pdl and ex16 else 0
-        self.pfd = t.gemv_prefetch if ex16 and not interpreting() else 0
-        self.mma_pfd = t.mma_prefetch if ex16 and t.row_scales and not interpreting() else 0
         self.launch = dict(TOPK=self.k, BM=t.bm, BK_=BK, H16=t.h16, TB=self.tb, PB=self.pb, PLAN=not self.fused,
                            ONE_CHUNK=T <= t.bm, DOT_F32=interpreting(), num_stages=t.stages)
 
@@ -363,7 +293,7 @@ class MoeSplit:
     def _gemv_args(self, K: int) -> dict:
         t = self.tiles
         return dict(BK=t.gemv_bk, U=t.gemv_u, EVEN_K=K % (t.gemv_bk * t.gemv_u) == 0, PIPE=t.gemv_pipe,
-                    G=t.gemv_group, PFD=self.pfd)
+                    G=t.gemv_group)
 
     def _pdl_launch(self) -> dict:
         return dict(launch_pdl=True) if self.pdl else {}
@@ -375,7 +305,7 @@ class MoeSplit:
             gemv_gate_up_kernel[(self.P * self.nt1,)](
                 self.x, self.ids, w, s, b, self.h, self.H, 2 * self.I, self.nt1, self.offset, self.E, w.stride(0),
                 w.stride(1), s.stride(0), s.stride(1), b.stride(0), self.h.stride(0), self.limit, SWIGLU_ALPHA,
-                BN=t.bn_gate_up, PDL=self.pdl, EF=self.pf_down == 2, num_warps=t.warps,
+                BN=t.bn_gate_up, PDL=self.pdl, num_warps=t.warps,
                 P=self.P if self.T > 1 else 0, TOPK=self.k, stride_x=self.x.stride(0), **self._gemv_args(self.H))
             return
         gate_up_kernel[(self.slots * self.nt1 * self.s1,)](
@@ -383,7 +313,7 @@ class MoeSplit:
             self.H, 2 * self.I, self.nt1, self.P, self.offset, self.E, self.x.stride(0), w.stride(0), w.stride(1),
             s.stride(0), s.stride(1), b.stride(0), self.h.stride(0), self.limit, SWIGLU_ALPHA, BN=t.bn_gate_up,
             SPLIT=self.s1, EVEN_N=(2 * self.I) % t.bn_gate_up == 0, SK=scale_row(self.H, self.s1, t),
-            IDS1=t.ids_once and self.fused, PDL=self.pdl, PFD=self.mma_pfd, num_warps=t.warps, **self.launch)
+            IDS1=t.ids_once and self.fused, PDL=self.pdl, num_warps=t.warps, **self.launch)
 
     def down(self) -> None:
         ex, t = self.ex, self.tiles
@@ -393,7 +323,7 @@ class MoeSplit:
                 self.h, self.ids, self.weights, w, s, b, self.y, self.out, self.tickets2, self.I, self.H, self.nt2,
                 self.P, self.offset, self.E, self.h.stride(0), w.stride(0), w.stride(1), s.stride(0), s.stride(1),
                 b.stride(0), self.out.stride(0), TOPK=self.k, PB=self.pb, BN=t.bn_down,
-                DOT_F32=interpreting(), PDL=self.pdl, PF=self.pf_down,
+                DOT_F32=interpreting(), PDL=self.pdl,
                 num_warps=t.warps_down or t.warps, **self._pdl_launch(), **self._gemv_args(self.I))
             return
         down_kernel[(self.slots * self.nt2 * self.s2,)](
@@ -402,7 +332,7 @@ class MoeSplit:
             self.h.stride(0), w.stride(0), w.stride(1), s.stride(0), s.stride(1), b.stride(0), self.out.stride(0),
             FUSE=self.fused, BN=t.bn_down, SPLIT=self.s2, EVEN_N=self.H % t.bn_down == 0,
             SK=scale_row(self.I, self.s2, t), KP=triton.next_power_of_2(self.k) if t.vec_combine else 0,
-            IDS1=t.ids_once and self.fused, PDL=self.pdl, PF=self.pf_down, PFD=0 if self.pf_down else self.mma_pfd,
+            IDS1=t.ids_once and self.fused, PDL=self.pdl,
             num_warps=t.warps_down or t.warps, **self._pdl_launch(), **dict(self.launch, num_stages=t.stages_down or t.stages))
 
     def combine(self) -> None:

@@ -21,9 +21,8 @@ A rows past an expert's token count stay masked (no bytes moved for them).
 Options of the run-10 candidates (``SplitTiles`` row_scales / vec_combine / ids_once; off in the shipped
 tiles): ``SK`` > 0 loads a program's block scales once before the K loop, ``KP`` > 0 combines with
 ``_combine_rows``, ``IDS1`` finds leader slots and rows from one load of the pair ids.
-``PDL`` (fused calls): gate_up lets the down grid launch early; down finds its slot, optionally
-bulk-prefetches its weight tile into L2 (``PF``), then waits for gate_up before reading h
-(``triton_moe_small_pdl``).
+``PDL`` (fused calls): gate_up lets the down grid launch early; down finds its slot, then waits for
+gate_up before reading h or storing anything (``triton_moe_small_pdl``).
 Tickets live between calls (``experts.derived``): zero before the first call, reset by their last
 user. Weights FP8 [E, N, K] with 128x128 block scales [E, ceil(N/128), ceil(K/128)] (BN divides 128);
 activations bf16, widened weights, fp32 accumulation. No host syncs: CUDA-graph capturable.
@@ -35,7 +34,7 @@ import triton
 import triton.language as tl
 
 from .triton_gemv import _fence_gpu
-from .triton_moe_small_pdl import _bulk_prefetch, prefetch_rows, trigger, wait
+from .triton_moe_small_pdl import trigger, wait
 from .triton_moe_small_route import (_chunk_end, _local_ids, _rows, _rows_of, _slot, _slot_of, _touched,
                                      _touched_of)
 
@@ -80,33 +79,20 @@ def _step(acc, a_ptrs, row_ok, b_ptrs, k, sb, k_ok, n_ok, MASK_K: tl.constexpr, 
 
 @triton.jit
 def _stream(a_ptrs, row_ok, b_ptrs, s_ptr, n_ok, K, kb0, kb1, BM: tl.constexpr, BN: tl.constexpr, BK_: tl.constexpr,
-            EVEN_N: tl.constexpr, A16: tl.constexpr, DOT_F32: tl.constexpr, SK: tl.constexpr = 0,
-            row_ptrs=None, PFD: tl.constexpr = 0):
+            EVEN_N: tl.constexpr, A16: tl.constexpr, DOT_F32: tl.constexpr, SK: tl.constexpr = 0):
     """acc [BM, BN] = A[:, kb0*BK_ : kb1*BK_] @ dequant(fp8 tile)^T over the same K range: full
     128-wide blocks without masks, then the partial last block of K where the range holds it.
     Block scales: ``SK`` = 0: one step ahead (sm_90 SASS: the register move that carries the next
     step's scale into the loop waits for its load, so every K step waits one L2 round trip whatever
     the pipeline depth); ``SK`` > 0 (a power of two >= kb1 - kb0): the range's scales are loaded once
-    before the loop into a [SK] row and each step picks its own (no global load inside the loop).
-    ``PFD`` > 0 (with ``SK`` > 0): the weight rows (``row_ptrs`` [BN]) are bulk-prefetched into L2 PFD
-    K steps ahead (``triton_moe_small_pdl``), the first PFD steps before the loop."""
+    before the loop into a [SK] row and each step picks its own (no global load inside the loop)."""
     offs_k = tl.arange(0, BK_)
     acc = tl.zeros((BM, BN), dtype=tl.float32)
     kfull = tl.minimum(kb1, K // BK_)
-    if PFD > 0:
-        kend = tl.minimum(kb1 * BK_, K)
-        prefetch_rows(row_ptrs, n_ok, kb0 * BK_, tl.minimum((kb0 + PFD) * BK_, kend), BN, False)
-        pq = tl.arange(0, 4) * (BK_ // 4)                     # [BN, 4] pieces of BK_ / 4 bytes per step
-        pf_ptrs = row_ptrs[:, None] + pq[None, :]
-        pf_ok = n_ok[:, None] & (pq >= 0)[None, :]
     if SK > 0:
         si = tl.arange(0, SK)
         srow = tl.load(s_ptr + kb0 + si, mask=kb0 + si < kb1, other=0.0)
         for kb in range(kb0, kfull):
-            if PFD > 0:
-                kp = (kb + PFD) * BK_
-                size = tl.minimum(tl.maximum(kend - kp - pq, 0), BK_ // 4)
-                _bulk_prefetch(pf_ptrs + kp, tl.where(pf_ok, size[None, :], 0), False)
             sb = tl.sum(tl.where(si == kb - kb0, srow, 0.0), 0)
             acc = _step(acc, a_ptrs, row_ok, b_ptrs, kb * BK_, sb, offs_k, n_ok, False, EVEN_N, A16, DOT_F32)
         sb = tl.sum(tl.where(si == kfull - kb0, srow, 0.0), 0)
@@ -154,7 +140,7 @@ def gate_up_kernel(x_ptr, ids_ptr, w_ptr, s_ptr, b_ptr, h_ptr, ws_ptr, ticket_pt
                    TOPK: tl.constexpr, TB: tl.constexpr, PB: tl.constexpr, BM: tl.constexpr, BN: tl.constexpr,
                    BK_: tl.constexpr, SPLIT: tl.constexpr, EVEN_N: tl.constexpr, H16: tl.constexpr,
                    PLAN: tl.constexpr, ONE_CHUNK: tl.constexpr, DOT_F32: tl.constexpr, SK: tl.constexpr = 0,
-                   IDS1: tl.constexpr = False, PDL: tl.constexpr = False, PFD: tl.constexpr = 0):
+                   IDS1: tl.constexpr = False, PDL: tl.constexpr = False):
     trigger(PDL)   # the down grid (launch_pdl) may start; it waits for this grid before reading h
     s, pid_n, ks, kb0, kb1 = _program(tl.program_id(0), n_tiles, K, SPLIT, BK_)
     if IDS1:  # leader slots (not PLAN) from one load of the pair ids (``triton_moe_small_route``)
@@ -178,8 +164,7 @@ def gate_up_kernel(x_ptr, ids_ptr, w_ptr, s_ptr, b_ptr, h_ptr, ws_ptr, ticket_pt
         else:
             pair, row_ok = _rows(ids_ptr, slot_pairs_ptr, s, e, cnt, c, P, offset, TB, BM, PB, PLAN)
         a_ptrs = x_ptr + (pair // TOPK).to(tl.int64)[:, None] * stride_x + offs_k[None, :]
-        acc = _stream(a_ptrs, row_ok, b_ptrs, sc_ptr, n_ok, K, kb0, kb1, BM, BN, BK_, EVEN_N, False, DOT_F32, SK,
-                      w_ptr + e64 * stride_we + offs_nc.to(tl.int64) * stride_wn, PFD)
+        acc = _stream(a_ptrs, row_ok, b_ptrs, sc_ptr, n_ok, K, kb0, kb1, BM, BN, BK_, EVEN_N, False, DOT_F32, SK)
         if SPLIT == 1:
             _swiglu_store(acc, bias, h_ptr, pair, row_ok, pid_n, N, stride_h, limit, alpha, BM, BN)
         else:
@@ -248,8 +233,7 @@ def down_kernel(h_ptr, ids_ptr, wt_ptr, w_ptr, s_ptr, b_ptr, y_ptr, out_ptr, tic
                 TOPK: tl.constexpr, TB: tl.constexpr, PB: tl.constexpr, BM: tl.constexpr, BN: tl.constexpr,
                 BK_: tl.constexpr, SPLIT: tl.constexpr, EVEN_N: tl.constexpr, H16: tl.constexpr, PLAN: tl.constexpr,
                 FUSE: tl.constexpr, ONE_CHUNK: tl.constexpr, DOT_F32: tl.constexpr, SK: tl.constexpr = 0,
-                KP: tl.constexpr = 0, IDS1: tl.constexpr = False, PDL: tl.constexpr = False, PF: tl.constexpr = 0,
-                PFD: tl.constexpr = 0):
+                KP: tl.constexpr = 0, IDS1: tl.constexpr = False, PDL: tl.constexpr = False):
     s, pid_n, ks, kb0, kb1 = _program(tl.program_id(0), n_tiles, K, SPLIT, BK_)
     offs_n = pid_n * BN + tl.arange(0, BN)
     n_ok = offs_n < N
@@ -276,9 +260,6 @@ def down_kernel(h_ptr, ids_ptr, wt_ptr, w_ptr, s_ptr, b_ptr, y_ptr, out_ptr, tic
     offs_k = tl.arange(0, BK_)
     b_ptrs = w_ptr + e64 * stride_we + offs_nc[None, :].to(tl.int64) * stride_wn + offs_k[:, None]
     sc_ptr = s_ptr + e64 * stride_se + ((pid_n * BN) // 128) * stride_sn
-    if PF > 0:  # the tile's K range into L2 while gate_up still runs (PF 2: evict-last lines)
-        prefetch_rows(w_ptr + e64 * stride_we + offs_nc.to(tl.int64) * stride_wn, n_ok, kb0 * BK_,
-                      tl.minimum(kb1 * BK_, K), BN, PF == 2)
     bias = tl.load(b_ptr + e64 * stride_be + offs_nc, mask=n_ok & (ks == 0), other=0.0).to(tl.float32)
     wait(PDL)   # gate_up complete (h visible) before the first h load or global store
     for c in range(0, _chunk_end(cnt, ONE_CHUNK), BM):
@@ -287,8 +268,7 @@ def down_kernel(h_ptr, ids_ptr, wt_ptr, w_ptr, s_ptr, b_ptr, y_ptr, out_ptr, tic
         else:
             pair, row_ok = _rows(ids_ptr, slot_pairs_ptr, s, e, cnt, c, P, offset, TB, BM, PB, PLAN)
         a_ptrs = h_ptr + pair.to(tl.int64)[:, None] * stride_h + offs_k[None, :]
-        acc = _stream(a_ptrs, row_ok, b_ptrs, sc_ptr, n_ok, K, kb0, kb1, BM, BN, BK_, EVEN_N, H16, DOT_F32, SK,
-                      w_ptr + e64 * stride_we + offs_nc.to(tl.int64) * stride_wn, PFD)
+        acc = _stream(a_ptrs, row_ok, b_ptrs, sc_ptr, n_ok, K, kb0, kb1, BM, BN, BK_, EVEN_N, H16, DOT_F32, SK)
         wt = tl.load(wt_ptr + pair, mask=row_ok, other=0.0).to(tl.float32)
         y = (acc + bias[None, :]) * wt[:, None]
         tl.store(y_ptr + (ks * P + pair).to(tl.int64)[:, None] * N + offs_n[None, :], y,
