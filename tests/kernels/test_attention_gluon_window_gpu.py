@@ -196,6 +196,17 @@ def test_registered_window_choice_env(monkeypatch):
     assert gluon_window_choice(*args) is None                      # not on a GPU
 
 
+def test_no_cached_prefix_rule():
+    """Both Gluon prefill choices' prefix rule (needs triton to import, no GPU): the engine's max_seqlen_k
+    decides when given; without it the cached lengths are read."""
+    pytest.importorskip("triton", reason="the registered op's module needs triton")
+    from dayzero.kernels.triton_attention_prefill import no_cached_prefix
+
+    zeros, some = torch.zeros(3, dtype=torch.int32), torch.tensor([0, 5, 0], dtype=torch.int32)
+    assert no_cached_prefix(some, 0) and not no_cached_prefix(zeros, 7)     # the hint wins
+    assert no_cached_prefix(zeros, None) and not no_cached_prefix(some, None)
+
+
 def test_packed_ring_phase_rule():
     """Consumers wait for a slot by the parity of its phase: a warpgroup that skips a phase of a barrier can pass a
     wait early (round 2's load-only pkL2 faulted on the GPU). 3 round-robin warpgroups over one-unit slots need a

@@ -204,6 +204,17 @@ def _tma_ok(t: torch.Tensor) -> bool:
             and (t.stride(0) * es) % 16 == 0 and t.shape[2] * es >= 16)
 
 
+def no_cached_prefix(cached_lens, max_seqlen_k: int | None) -> bool:
+    """Whether no sequence of the call has a cached prefix (the Gluon kernels' condition): ``max_seqlen_k == 0``
+    (the largest cached length; the engine passes it) or, when the caller passes none, ``cached_lens`` all zero,
+    read on the host (one device sync; False while a CUDA graph is being captured)."""
+    if max_seqlen_k is None:
+        if cached_lens.is_cuda and torch.cuda.is_current_stream_capturing():
+            return False
+        return not bool((cached_lens != 0).any())   # host sync
+    return max_seqlen_k == 0
+
+
 GLUON_ENV = "DAYZERO_PREFILL_GLUON"
 # The Gluon configuration the registered op uses where it applies (session 5, bench/NOTES.md "Gluon prefill on
 # the GPU"): 3 consumer warpgroups x 64 rows, 128-key tiles; +8 / +17 / +14 % over this kernel at 8k / 32k /
@@ -236,11 +247,7 @@ def gluon_prefill_choice(q, k, v, out, window: int, config: dict | None, cached_
         check_supported(q, k, v, out, window, CONFIGS[name].block_n, CONFIGS[name].nwg)
     except ValueError:
         return None
-    if max_seqlen_k is None:
-        if torch.cuda.is_current_stream_capturing():
-            return None
-        return None if bool((cached_lens != 0).any()) else name   # host sync
-    return name if max_seqlen_k == 0 else None
+    return name if no_cached_prefix(cached_lens, max_seqlen_k) else None
 
 
 WINDOW_GLUON_ENV = "DAYZERO_WINDOW_GLUON"
@@ -280,11 +287,7 @@ def gluon_window_choice(q, k, v, out, window: int, config: dict | None, cached_l
         check_window_supported(q, k, v, out, window)
     except ValueError:
         return None
-    if max_seqlen_k is None:
-        if torch.cuda.is_current_stream_capturing():
-            return None
-        return None if bool((cached_lens != 0).any()) else name   # host sync
-    return name if max_seqlen_k == 0 else None
+    return name if no_cached_prefix(cached_lens, max_seqlen_k) else None
 
 
 def gluon_window_attention(name: str, q, k, v, k_cache, v_cache, block_tables, cu_seqlens_q, cached_lens, sinks,
