@@ -166,6 +166,12 @@ DECODE_PRESETS = {
     "kernel_strided_n64_hm_en": dict(MERGE="kernel", STRIDED=True, BLOCK_N=64, HEAD_MAJOR=True, EARLY_NEW=True),
     "kernel_strided_n128": dict(MERGE="kernel", STRIDED=True, BLOCK_N=128),
     "kernel_strided_n128_hm": dict(MERGE="kernel", STRIDED=True, BLOCK_N=128, HEAD_MAJOR=True),
+    # candidates, never run on a GPU (session 6, CPU only): K/V pages by TMA into an mbarrier ring, grid
+    # (Hkv, S, B), the shipped merge (triton_attention_decode_tma.py); PAGES pages (16 keys each) a tile
+    "tma_p4": dict(MERGE="kernel", TMA=True, PAGES=4, num_warps=4, num_stages=3),
+    "tma_p4_s4": dict(MERGE="kernel", TMA=True, PAGES=4, num_warps=4, num_stages=4),
+    "tma_p4_w1": dict(MERGE="kernel", TMA=True, PAGES=4, num_warps=1, num_stages=3),
+    "tma_p2_w1_s4": dict(MERGE="kernel", TMA=True, PAGES=2, num_warps=1, num_stages=4),
 }
 DEFAULT_PRESET = "kernel_strided_n64_hm"
 # full-attention decode with ONE split (B * Hkv >= the SM count); DAYZERO_DECODE_ONESPLIT=<name> picks
@@ -226,6 +232,13 @@ def decode_attention(q, k, v, k_cache, v_cache, block_tables, cu_seqlens_q, cach
         raise ValueError(f"decode attention: MERGE must be 'combine' or 'kernel', got {merge!r}")
     if not cfg.get("maxnreg", 1):
         cfg.pop("maxnreg")   # maxnreg=0: no cap
+    if cfg.pop("TMA", False):   # opt-in TMA candidate (full attention on a dense cache; else the paths below)
+        from .triton_attention_decode_tma import tma_decode, tma_supported
+        if merge == "kernel" and tma_supported(k_cache, v_cache, window):
+            cfg.pop("PDL")
+            return tma_decode(cfg, num_splits, q, k, v, k_cache, v_cache, block_tables, cu_seqlens_q, cached_lens,
+                              sinks, scale * LOG2E, out, pdl=pdl)
+        cfg.pop("PAGES", None)
     if merge == "kernel" and (num_splits > 1 or (cfg.get("STRIDED") and window == 0)):
         cfg.pop("PDL")
         return splitkv_decode(cfg, num_splits, q, k, v, k_cache, v_cache, block_tables, cu_seqlens_q,
