@@ -33,6 +33,7 @@ from dayzero.kernels.triton_attention import attention  # noqa: E402
 from dayzero.kernels.triton_attention_decode import DECODE_PRESETS, choose_num_splits, default_decode_config  # noqa: E402,E501
 from dayzero.kernels.triton_attention_prefill import LOG2E  # noqa: E402
 from dayzero.kernels.triton_attention_splitkv import splitkv_decode  # noqa: E402
+from dayzero.kernels.triton_attention_decode_tma import tma_decode  # noqa: E402
 
 SCALE = D ** -0.5
 PLAN = [(1, 1024), (1, 8192), (1, 32768), (1, 131072), (8, 1024), (8, 8192)]
@@ -41,7 +42,8 @@ CFGS = {"default": None}   # the shipped op (split kernel + merge, PDL where spl
 # passed to the op only overrides the keys it names; the rest come from the default preset)
 _BASE = dict(BLOCK_N=128, num_warps=4, num_stages=3, MERGE="combine", STRIDED=False, HEAD_MAJOR=False,
              EARLY_NEW=False, PART_BF16=False)
-CFGS.update({name: dict(_BASE, **preset) for name, preset in DECODE_PRESETS.items()})
+CFGS.update({name: dict(_BASE, **preset) for name, preset in DECODE_PRESETS.items() if not preset.get("TMA")})
+CFGS.update({name: dict(preset) for name, preset in DECODE_PRESETS.items() if preset.get("TMA")})   # own keys
 # without --configs: the shipped op, the grid before session 6, and the next candidate
 DEFAULT_CONFIGS = ("default", "kernel_strided_n64", "kernel_strided_n64_hm_en")
 
@@ -123,9 +125,15 @@ def main() -> int:
                     if ns == heur and ns > 1 and kcfg["MERGE"] == "kernel":   # the split kernel alone
                         for key in ("MERGE", "PDL"):
                             kcfg.pop(key)
-                        split = [lambda t=tables[r], kcfg=kcfg, ns=ns: splitkv_decode(
-                            kcfg, ns, q, k, v, k_pool, v_pool, t, cu, cl, sinks, SCALE * LOG2E, 0, out, pdl=True,
-                            merge=False) for r in range(R)]
+                        if kcfg.pop("TMA", False):   # the TMA candidate's split kernel (its own keys only)
+                            tcfg = {k_: kcfg[k_] for k_ in ("PAGES", "num_warps", "num_stages") if k_ in kcfg}
+                            split = [lambda t=tables[r], tcfg=tcfg, ns=ns: tma_decode(
+                                tcfg, ns, q, k, v, k_pool, v_pool, t, cu, cl, sinks, SCALE * LOG2E, out, pdl=True,
+                                merge=False) for r in range(R)]
+                        else:
+                            split = [lambda t=tables[r], kcfg=kcfg, ns=ns: splitkv_decode(
+                                kcfg, ns, q, k, v, k_pool, v_pool, t, cu, cl, sinks, SCALE * LOG2E, 0, out, pdl=True,
+                                merge=False) for r in range(R)]
                         row["split_us"] = graph_time_ms(split) * 1e3
                 except Exception as e:  # a failing variant is reported, the rest still run
                     res.append(dict(kind="error", config=name, batch=B, context=L, num_splits=ns,

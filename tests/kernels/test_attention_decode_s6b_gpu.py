@@ -52,7 +52,7 @@ def _run(case, ns, config):
 def test_tma_decode_ragged(preset, shape):
     hq, hkv, d, bs = shape
     long = 40000 if CUDA else 700
-    cached = [0, 1, bs - 1, bs, bs + 1, 129, 1000 if CUDA else 300, long]
+    cached = [0, 1, bs - 1, bs, bs + 1, 4 * bs, 129, 1000 if CUDA else 300, long]
     case = _case(cached, seed=hq + d + bs, hq=hq, hkv=hkv, d=d, bs=bs, empty=(2,))
     for ns in ((1, 3, 16, 64, 132) if CUDA else (1, 3, 9)):
         _run(case, ns, _preset(preset))

@@ -235,8 +235,8 @@ def decode_attention(q, k, v, k_cache, v_cache, block_tables, cu_seqlens_q, cach
     if cfg.pop("TMA", False):   # opt-in TMA candidate (full attention on a dense cache; else the paths below)
         from .triton_attention_decode_tma import tma_decode, tma_supported
         if merge == "kernel" and tma_supported(k_cache, v_cache, window):
-            cfg.pop("PDL")
-            return tma_decode(cfg, num_splits, q, k, v, k_cache, v_cache, block_tables, cu_seqlens_q, cached_lens,
+            tcfg = {key: cfg[key] for key in ("PAGES", "num_warps", "num_stages", "maxnreg") if key in cfg}
+            return tma_decode(tcfg, num_splits, q, k, v, k_cache, v_cache, block_tables, cu_seqlens_q, cached_lens,
                               sinks, scale * LOG2E, out, pdl=pdl)
         cfg.pop("PAGES", None)
     if merge == "kernel" and (num_splits > 1 or (cfg.get("STRIDED") and window == 0)):

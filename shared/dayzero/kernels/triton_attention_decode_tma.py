@@ -11,9 +11,9 @@ instructions per byte fall and the bytes in flight per program are ``(num_stages
 Grid ``(Hkv, S, B)`` (head-major, as the shipped default): program ``(hkv, s, b)`` takes the tiles of
 ``PAGES`` pages ``s, s + S, s + 2S, ...`` of sequence ``b`` (strided, full attention only) for the GQA group
 of ``hkv``. A tile's pages are scored one by one (``[G, BS]`` each, straight from the shared-memory page)
-and folded into the online softmax with ONE max / rescale per tile. A page slot past the cached length is
-masked in the scores and its value row zeroed (a TMA load copies whole pages; the slots past ``ctx`` may
-hold anything, NaN included). Split 0 adds the new token's key / value and the sinks (once). Partials are
+and folded into the online softmax with ONE max / rescale per tile. Whole tiles run unmasked in the pipelined
+loop; the partial last tile (one split's) runs after it with its slots past the cached length masked in the
+scores and their value rows zeroed (a TMA load copies whole pages; those slots may hold anything, NaN included). Split 0 adds the new token's key / value and the sinks (once). Partials are
 the shipped layout ``[B, Hkv, S, GROUP(, D)]`` and the shipped ``_merge_kernel`` merges them in split order
 (deterministic). One split (``SINGLE``) writes the output itself. ``PDL``: as the shipped split kernel.
 Shapes are fixed per batch size and the split bounds come from ``cached_lens`` on the device: CUDA-graph
@@ -39,17 +39,52 @@ def _blk(bt_row, p0, ctx, BS: tl.constexpr):
 
 
 @triton.jit
-def _page(q, kc_desc, vc_desc, blk, p0, ctx, col, qk_scale, BS: tl.constexpr):
-    """Page ``blk`` holding keys ``[p0, p0 + BS)``: scores ``[G, BS]`` (log2 units, -inf past ``ctx``) and the
-    value rows ``[BS, D]`` (zero past ``ctx``)."""
+def _page(q, kc_desc, vc_desc, blk, p0, ctx, col, qk_scale, BS: tl.constexpr, MASK: tl.constexpr):
+    """Page ``blk`` holding keys ``[p0, p0 + BS)``: scores ``[G, BS]`` (log2 units) and the value rows
+    ``[BS, D]``; ``MASK``: scores -inf and value rows zero past ``ctx`` (only the last tile needs it)."""
     row = blk * BS
     kt = kc_desc.load([row, col])                                          # [BS, D]
     vt = vc_desc.load([row, col])
-    ok = (p0 + tl.arange(0, BS)) < ctx
     qk = tl.dot(q, tl.trans(kt)) * qk_scale                                # [G, BS]
-    qk = tl.where(ok[None, :], qk, float("-inf"))
-    vt = tl.where(ok[:, None], vt, tl.zeros_like(vt))
+    if MASK:
+        ok = (p0 + tl.arange(0, BS)) < ctx
+        qk = tl.where(ok[None, :], qk, float("-inf"))
+        vt = tl.where(ok[:, None], vt, tl.zeros_like(vt))
     return qk, vt
+
+
+@triton.jit
+def _tile(q, kc_desc, vc_desc, b0, b1, b2, b3, n0, ctx, col, qk_scale, m_i, l_i, acc,
+          BS: tl.constexpr, PAGES: tl.constexpr, MASK: tl.constexpr):
+    """The ``PAGES`` pages ``b0..`` of keys ``[n0, n0 + PAGES * BS)`` folded into the online softmax with one
+    max / rescale: (m_i, l_i, acc)."""
+    s0, v0 = _page(q, kc_desc, vc_desc, b0, n0, ctx, col, qk_scale, BS, MASK)
+    mx = tl.max(s0, 1)
+    if PAGES >= 2:
+        s1, v1 = _page(q, kc_desc, vc_desc, b1, n0 + BS, ctx, col, qk_scale, BS, MASK)
+        mx = tl.maximum(mx, tl.max(s1, 1))
+    if PAGES >= 4:
+        s2, v2 = _page(q, kc_desc, vc_desc, b2, n0 + 2 * BS, ctx, col, qk_scale, BS, MASK)
+        s3, v3 = _page(q, kc_desc, vc_desc, b3, n0 + 3 * BS, ctx, col, qk_scale, BS, MASK)
+        mx = tl.maximum(mx, tl.maximum(tl.max(s2, 1), tl.max(s3, 1)))
+    m_new = tl.maximum(m_i, mx)
+    alpha = tl.math.exp2(m_i - m_new)
+    acc = acc * alpha[:, None]
+    p = tl.math.exp2(s0 - m_new[:, None])
+    rs = tl.sum(p, 1)
+    acc = tl.dot(p.to(v0.dtype), v0, acc)
+    if PAGES >= 2:
+        p = tl.math.exp2(s1 - m_new[:, None])
+        rs += tl.sum(p, 1)
+        acc = tl.dot(p.to(v1.dtype), v1, acc)
+    if PAGES >= 4:
+        p = tl.math.exp2(s2 - m_new[:, None])
+        rs += tl.sum(p, 1)
+        acc = tl.dot(p.to(v2.dtype), v2, acc)
+        p = tl.math.exp2(s3 - m_new[:, None])
+        rs += tl.sum(p, 1)
+        acc = tl.dot(p.to(v3.dtype), v3, acc)
+    return m_new, l_i * alpha + rs, acc
 
 
 @triton.jit
@@ -80,49 +115,28 @@ def _decode_tma_kernel(q_ptr, k_ptr, v_ptr, kc_desc, vc_desc, bt_ptr, cu_ptr, cl
     col = hkv * HEAD_D
     TILE: tl.constexpr = PAGES * BS
     # the tile's pages are read one tile ahead (loop-carried), so the TMA loads of a tile depend on no load
-    # of the same iteration and the pipeliner can keep num_stages - 1 tiles in flight
+    # of the same iteration and the pipeliner keeps num_stages - 1 tiles in flight
     n0 = s * TILE
     b0 = _blk(bt_row, n0, ctx, BS)
     b1 = _blk(bt_row, n0 + BS, ctx, BS)
     b2 = _blk(bt_row, n0 + 2 * BS, ctx, BS)
     b3 = _blk(bt_row, n0 + 3 * BS, ctx, BS)
     step = num_splits * TILE
-    for n0 in range(s * TILE, ctx, step):
-        s0, v0 = _page(q, kc_desc, vc_desc, b0, n0, ctx, col, qk_scale, BS)
-        mx = tl.max(s0, 1)
-        if PAGES >= 2:
-            s1, v1 = _page(q, kc_desc, vc_desc, b1, n0 + BS, ctx, col, qk_scale, BS)
-            mx = tl.maximum(mx, tl.max(s1, 1))
-        if PAGES >= 4:
-            s2, v2 = _page(q, kc_desc, vc_desc, b2, n0 + 2 * BS, ctx, col, qk_scale, BS)
-            s3, v3 = _page(q, kc_desc, vc_desc, b3, n0 + 3 * BS, ctx, col, qk_scale, BS)
-            mx = tl.maximum(mx, tl.maximum(tl.max(s2, 1), tl.max(s3, 1)))
+    full = ctx // TILE * TILE   # whole tiles: no masks in the loop
+    for n0 in range(s * TILE, full, step):
         nx = n0 + step
-        b0 = _blk(bt_row, nx, ctx, BS)
-        if PAGES >= 2:
-            b1 = _blk(bt_row, nx + BS, ctx, BS)
-        if PAGES >= 4:
-            b2 = _blk(bt_row, nx + 2 * BS, ctx, BS)
-            b3 = _blk(bt_row, nx + 3 * BS, ctx, BS)
-        m_new = tl.maximum(m_i, mx)
-        alpha = tl.math.exp2(m_i - m_new)
-        acc = acc * alpha[:, None]
-        p = tl.math.exp2(s0 - m_new[:, None])
-        rs = tl.sum(p, 1)
-        acc = tl.dot(p.to(v0.dtype), v0, acc)
-        if PAGES >= 2:
-            p = tl.math.exp2(s1 - m_new[:, None])
-            rs += tl.sum(p, 1)
-            acc = tl.dot(p.to(v1.dtype), v1, acc)
-        if PAGES >= 4:
-            p = tl.math.exp2(s2 - m_new[:, None])
-            rs += tl.sum(p, 1)
-            acc = tl.dot(p.to(v2.dtype), v2, acc)
-            p = tl.math.exp2(s3 - m_new[:, None])
-            rs += tl.sum(p, 1)
-            acc = tl.dot(p.to(v3.dtype), v3, acc)
-        l_i = l_i * alpha + rs
-        m_i = m_new
+        n_b0 = _blk(bt_row, nx, ctx, BS)
+        n_b1 = _blk(bt_row, nx + BS, ctx, BS)
+        n_b2 = _blk(bt_row, nx + 2 * BS, ctx, BS)
+        n_b3 = _blk(bt_row, nx + 3 * BS, ctx, BS)
+        m_i, l_i, acc = _tile(q, kc_desc, vc_desc, b0, b1, b2, b3, n0, ctx, col, qk_scale, m_i, l_i, acc,
+                              BS, PAGES, False)
+        b0, b1, b2, b3 = n_b0, n_b1, n_b2, n_b3
+    # the partial last tile (keys [full, ctx)), in the split whose stride it falls in: the loop left that split's
+    # page registers at exactly this tile
+    if (full < ctx) & ((full // TILE) % num_splits == s):
+        m_i, l_i, acc = _tile(q, kc_desc, vc_desc, b0, b1, b2, b3, full, ctx, col, qk_scale, m_i, l_i, acc,
+                              BS, PAGES, True)
 
     if s == 0:  # the new token's own key/value (position ctx) and the sink: split 0 only
         m_i, l_i, acc = attend_new_and_sink(q, k_ptr + q_row64 * stride_kt + hkv * stride_kh,
@@ -166,6 +180,9 @@ def tma_decode(cfg: dict, num_splits: int, q, k, v, k_cache, v_cache, block_tabl
     pages = int(cfg.pop("PAGES", 4))
     if pages not in (1, 2, 4):
         raise ValueError(f"TMA decode: PAGES must be 1, 2 or 4, got {pages}")
+    unknown = set(cfg) - {"num_warps", "num_stages", "maxnreg"}
+    if unknown:
+        raise ValueError(f"TMA decode: unknown config keys {sorted(unknown)}")
     pdl = bool(pdl) and not interpreting()
     extra = dict(launch_pdl=True) if pdl else {}
     B, Hkv, D = cached_lens.shape[0], k.shape[1], q.shape[2]
