@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import hashlib
 import json
 import os
 import re
@@ -63,6 +64,11 @@ def _configs() -> dict:
             "gluon128_fws_glue4": r(R8, fast_epi=True, wsplit=True, glue=True, glue_rows=4),
             "gluon128_h2_fws_glue4": r(R8, half=2, fast_epi=True, wsplit=True, glue=True, glue_rows=4),
             "gluon128_zpad": r(BM128, zpad=True),                  # the shipped BM128 + zero padding rows
+            # run 10 (CPU only): an expert's tail block of <= 16 / 32 rows folded into its last full block's tile
+            # (consumer 240 / producer 24 registers: no spills in the K loops; gluon128_r240 = that register split alone;
+            # a 32-row tail needs 228 KB of shared memory at 4 stages and spills its accumulator: not offered)
+            "gluon128_fold16": r(BM128, fold=16, consumer_regs=240, producer_regs=24),
+            "gluon128_fold16_r232": r(BM128, fold=16), "gluon128_r240": r(BM128, consumer_regs=240, producer_regs=24),
             # timing diagnostics (wrong results): where the time goes
             "diag_w_once_per_tile": r(BM64, diag=1), "diag_a_once_per_tile": r(BM64, diag=2),
             "diag128_half_w_once": r(BM128, half=3)}
@@ -79,6 +85,7 @@ def compile_check(out: str | None, names: list[str] | None = None) -> int:
     from triton.experimental.gluon import language as gl
     from triton.experimental.gluon._runtime import GluonASTSource
 
+    from dayzero.kernels.gluon_moe_fold import moe_gemm_fold_kernel
     from dayzero.kernels.gluon_moe_gemm import moe_gemm_ws_kernel
     from dayzero.kernels.gluon_moe_gemm128 import moe_gemm_ws128_kernel
 
@@ -89,7 +96,7 @@ def compile_check(out: str | None, names: list[str] | None = None) -> int:
         if not cfg.down or cfg.diag or (names and name not in names):
             continue
         bm = cfg.bm
-        kern = moe_gemm_ws128_kernel if bm == 128 else moe_gemm_ws_kernel
+        kern = moe_gemm_fold_kernel if cfg.fold else moe_gemm_ws128_kernel if bm == 128 else moe_gemm_ws_kernel
         a_rows = 64 if bm == 128 and cfg.half >= 2 else bm
         al = gl.NVMMASharedLayout.get_default_for([a_rows, 128], gl.float8e4nv)
         sal = gl.NVMMASharedLayout.get_default_for([1, bm], gl.float32)
@@ -106,6 +113,12 @@ def compile_check(out: str | None, names: list[str] | None = None) -> int:
                           PRODUCER_REGS=cfg.producer_regs, num_warps=4, WALK=cfg.walk)
             if bm == 64:
                 consts["DIAG"] = cfg.diag
+            elif cfg.fold:          # gluon_moe_fold: the tail's A box and scale box
+                consts.update(TT=cfg.fold, SCHED=cfg.sched, OPT=int(cfg.fast_epi) | 2 * int(cfg.wsplit))
+                tl_ = gl.NVMMASharedLayout.get_default_for([cfg.fold, 128], gl.float8e4nv)
+                tsl = gl.NVMMASharedLayout.get_default_for([1, 32], gl.float32)
+                sig.update(at_desc=f"tensordesc<fp8e4nv[{cfg.fold}, 128],{tl_!r}>",
+                           sat_desc=f"tensordesc<fp32[1, 32],{tsl!r}>", counter_ptr="*i32")
             else:
                 consts.update(HALF=cfg.half, TRACE=False, SCHED=cfg.sched,
                               OPT=int(cfg.fast_epi) | 2 * int(cfg.wsplit) | 4 * int(cfg.zpad))
@@ -115,6 +128,8 @@ def compile_check(out: str | None, names: list[str] | None = None) -> int:
             # the build shows byte-wide epilogue stores that the GPU's build does not have (Gluon run 9)
             attrs = {(kern.arg_names.index(n), ): [["tt.divisibility", 16]] for n in SPECIALISED if n in kern.arg_names}
             b = build_sm90(GluonASTSource(kern, sig, consts, attrs), 4, maxnreg=cfg.maxnreg)
+            if names and len(names) == 1:
+                print(f"sass sha256 {name} epi {epi}: {hashlib.sha256(b.sass.encode()).hexdigest()}", flush=True)
             rows.append(dict(config=name, bm=bm, gemm="gate_up" if epi == 1 else "down", stages=cfg.stages,
                              regs_kernel=b.regs,
                              setmaxnreg=sorted(set(int(v) for v in re.findall(r"setmaxnreg\.\w+\.sync\.aligned\.u32\s+(\d+)",
@@ -146,6 +161,10 @@ def _tile_stats(run) -> dict:
     if al.block_m == 128:
         full = int((al.sorted_ids.view(-1, 128)[:used, 64] < al.num_pairs).sum())
         row.update(full_tiles=full, half_tiles=used - full)
+        from dayzero.kernels.gluon_moe_fold_plan import fold_counts        # what a 16-row fold would take
+
+        f16 = fold_counts(al.sorted_ids, al.block_expert, al.num_pairs, 16)
+        row.update(fold16_tiles=f16.fold, fold16_half_tiles=f16.half)
     return row
 
 

@@ -62,6 +62,8 @@ class GluonConfig:
     glue_rows: int = 1         # glue: pairs quantized per program of the scatter launch (align_quant_pairs)
     zpad: bool = False         # bm 128: padding rows of h (gate_up epilogue) and, with glue, of the quantized x
                                # written as zeros, not left stale (the GEMMs multiply them; power-capped GPU)
+    fold: int = 0              # bm 128, half 0: an expert's tail block of at most `fold` real rows (16 or 32) rides
+                               # in the tile of the expert's last full block (gluon_moe_fold); 0 = off
 
 
 BM64 = GluonConfig()
@@ -126,6 +128,9 @@ def gemm_ws(a: torch.Tensor, a_scale_t: torch.Tensor, w: torch.Tensor, w_scale_k
         raise ValueError(f"sched must be 0 or 1 (1: 128-row tiles only), got {cfg.sched} with bm {bm}")
     if (cfg.fast_epi or cfg.wsplit or cfg.zpad) and (bm != 128 or (cfg.wsplit and cfg.half == 3)):
         raise ValueError(f"fast_epi / wsplit / zpad need 128-row tiles (wsplit: half 0-2), got bm {bm} half {cfg.half}")
+    if cfg.fold not in (0, 16, 32) or (cfg.fold and (bm != 128 or cfg.half or cfg.zpad or trace is not None)):
+        raise ValueError(f"fold must be 0, 16 or 32, and needs 128-row tiles, half 0, no zpad and no trace "
+                         f"(fold {cfg.fold}, bm {bm}, half {cfg.half}, zpad {cfg.zpad})")
     if not w.is_contiguous():
         raise ValueError("the Gluon MoE GEMM needs contiguous expert weights")
     E = w.shape[0]
@@ -142,7 +147,14 @@ def gemm_ws(a: torch.Tensor, a_scale_t: torch.Tensor, w: torch.Tensor, w_scale_k
     consts = dict(EPI=epi, STAGES=cfg.stages, GROUP_M=cfg.group_m, CONSUMER_REGS=cfg.consumer_regs,
                   PRODUCER_REGS=cfg.producer_regs, num_warps=4, maxnreg=cfg.maxnreg)
     span = al.block_span if cfg.walk else al.block_expert                  # (unused with walk 0)
-    if bm == 128:
+    if cfg.fold:
+        from .gluon_moe_fold import moe_gemm_fold_kernel           # only when a fold configuration runs
+
+        counter = torch.zeros((1, ), dtype=torch.int32, device=a.device) if cfg.sched else al.block_expert
+        fargs = args[:4] + (_desc(a, [cfg.fold, BK], gl.float8e4nv), _desc(a_scale_t, [1, 32], gl.float32)) + args[4:]
+        moe_gemm_fold_kernel[(progs, )](*fargs, span, counter, TT=cfg.fold, WALK=cfg.walk, SCHED=cfg.sched,
+                                        OPT=int(cfg.fast_epi) | 2 * int(cfg.wsplit), **consts)
+    elif bm == 128:
         counter = torch.zeros((1, ), dtype=torch.int32, device=a.device) if cfg.sched else al.block_expert
         moe_gemm_ws128_kernel[(progs, )](*args, trace if trace is not None else out, span, counter, HALF=cfg.half,
                                          TRACE=trace is not None, WALK=cfg.walk, SCHED=cfg.sched,

@@ -1,0 +1,171 @@
+"""Gluon MoE GEMM with folded tails (``GluonConfig.fold``, ``gluon_moe_fold``) vs the torch FP8 reference and vs
+the shipped 128-row configuration ``BM128``.
+
+Every case: the bounds of tests/kernels/test_moe_gluon_gpu.py (``check``: fresh random inputs, the allocator's
+free memory NaN-poisoned, every routed pair's y row written, the Gluon kernels ran); the y rows of every pair
+outside an expert's folded tail bitwise equal to BM128's (the same instructions compute them), the tail pairs'
+rows close to BM128's (a swapped wgmma computes them); and the alignment holds the tile kinds the case is
+for (``gluon_moe_fold_plan.fold_counts``), so a case cannot pass without exercising the fold tiles.
+Routing: exact per-expert counts (tails of 1, 16 = TT, 17 = TT + 1 rows, single-block experts, an exact
+128), random (E = 32: 256 +- 16 rows an expert, as the 120B bench), skewed, balanced (no tails), and
+H = 208 / I = 336 (N tails inside a tile: the second weight block past N).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+import pytest
+import torch
+
+from gpu_util import DEV, rel
+
+pytestmark = [pytest.mark.gpu, pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")]
+LIMIT = 7.0
+# the candidate (consumer 240 / producer 24 registers: no spills in the K loops at sm_90), the same at the
+# shipped register split (an acc1 element spilled in the fold K loop), and the static walk without wsplit /
+# fast_epi (the other producer and epilogue branches)
+CFGS = {"fold16": dict(fold=16, consumer_regs=240, producer_regs=24), "fold16_r232": dict(fold=16),
+        "fold16_static": dict(fold=16, sched=0, wsplit=False, fast_epi=False, consumer_regs=240, producer_regs=24)}
+
+
+def _cfg(name):
+    pytest.importorskip("triton")
+    from dayzero.kernels.gluon_moe_gemm_run import BM128
+
+    return dataclasses.replace(BM128, **CFGS[name])
+
+
+def ids_with_counts(counts: list[int], k: int, seed: int) -> torch.Tensor:
+    """[T, k] expert ids with exactly counts[e] pairs routed to expert e (shuffled; sum divisible by k)."""
+    g = torch.Generator(device="cpu").manual_seed(seed)
+    flat = torch.cat([torch.full((c, ), e, dtype=torch.int64) for e, c in enumerate(counts)])
+    return flat[torch.randperm(flat.numel(), generator=g)].view(-1, k)
+
+
+def _tail_pairs(run, tail: int) -> torch.Tensor:
+    """[P] bool: pairs sitting in a block that the fold tiles absorb (for this run's alignment)."""
+    from dayzero.kernels.gluon_moe_fold_plan import ABSORBED, BLOCK, fold_kinds
+
+    al = run.al
+    kind = fold_kinds(al.sorted_ids, al.block_expert, al.num_pairs, tail)
+    rows = al.sorted_ids.view(-1, BLOCK)[:kind.numel()].cpu()[kind == ABSORBED].reshape(-1).long()
+    mask = torch.zeros(al.num_pairs, dtype=torch.bool)
+    mask[rows[rows < al.num_pairs]] = True
+    return mask.to(run.y.device)
+
+
+def fold_case(x, w, ids, q, d, cfg, min_fold: int = 1):
+    """``check`` bounds; BM128 bitwise outside the tails, close on them; returns the fold run's FoldCounts."""
+    from dayzero.kernels.gluon_moe_fold_plan import fold_counts
+    from dayzero.kernels.gluon_moe_gemm_run import BM128, GluonMoeRun
+    from test_moe_gluon_gpu import check
+
+    check(x, w, ids, q, d, cfg)
+    runs = []
+    for c in (cfg, BM128):
+        run = GluonMoeRun(x, w, ids, q, LIMIT, c)
+        run.y.fill_(float("nan"))
+        run()
+        runs.append(run)
+    fold, ship = runs
+    counts = fold_counts(fold.al.sorted_ids, fold.al.block_expert, fold.al.num_pairs, cfg.fold)
+    assert counts.fold >= min_fold and counts.fold == counts.absorbed, counts
+    tails = _tail_pairs(fold, cfg.fold) | _tail_pairs(ship, cfg.fold)
+    local = (ids.reshape(-1) >= fold.offset) & (ids.reshape(-1) < fold.offset + fold.E)
+    same = local.to(tails.device) & ~tails
+    assert torch.equal(fold.y[same], ship.y[same]), "rows outside the folded tails differ from BM128"
+    if bool((local.to(tails.device) & tails).any()):
+        t = local.to(tails.device) & tails
+        assert torch.isfinite(fold.y[t]).all()
+        assert rel(fold.y[t], ship.y[t]) <= 1e-2, rel(fold.y[t], ship.y[t])
+    return counts
+
+
+@pytest.mark.parametrize("name", list(CFGS))
+def test_fold_exact_counts(name):
+    """Tails of 1, 16 (folded), 17 (a half tile: past TT), 8 after two full blocks; single-block experts of 16
+    and 46 rows (half tiles, no block before them), an exact 128, 100 rows (a padded full tile)."""
+    from test_moe_gpu import make_experts, route
+
+    cfg = _cfg(name)
+    counts = [129, 144, 145, 264, 16, 128, 100, 46]
+    ids = ids_with_counts(counts, 4, seed=1).to(DEV)
+    q, d = make_experts(len(counts), 2880, 2880, seed=2)
+    x, w, _ = route(ids.shape[0], len(counts), 4, 2880, seed=3)
+    c = fold_case(x, w, ids, q, d, cfg, min_fold=3)
+    assert c.fold == 3 and c.half == 3, c                       # experts 0, 1, 3 fold; 2, 4, 7 half tiles
+
+
+@pytest.mark.parametrize("name", list(CFGS))
+def test_fold_random_routing(name):
+    """E = 32, 2048 tokens x top-4: 256 +- 16 rows an expert (the 120B bench's spread): many folds."""
+    from test_moe_gpu import make_experts, route
+
+    cfg = _cfg(name)
+    q, d = make_experts(32, 2880, 2880, seed=11)
+    x, w, ids = route(2048, 32, 4, 2880, seed=12)
+    fold_case(x, w, ids, q, d, cfg, min_fold=4)
+
+
+def test_fold_odd_shapes_skewed_balanced():
+    """H = 208 / I = 336 with folds (a weight block past N in the last N tile of both GEMMs), skewed routing
+    (expert 0 takes every token), balanced routing (no tails: the whole output bitwise BM128's), and an
+    expert-parallel slice."""
+    from dayzero.kernels.gluon_moe_gemm_run import BM128, fused_moe_gluon
+    from test_moe_gluon_gpu import check
+    from test_moe_gpu import make_experts, route, skewed_ids
+
+    cfg = _cfg("fold16")
+    ids = ids_with_counts([130, 140, 200, 260, 50, 20], 2, seed=21).to(DEV)
+    q, d = make_experts(6, 208, 336, seed=22)
+    x, w, _ = route(ids.shape[0], 6, 2, 208, seed=23)
+    assert fold_case(x, w, ids, q, d, cfg, min_fold=3).fold == 3
+    q, d = make_experts(32, 2880, 2880, seed=24)
+    x, w, _ = route(1500, 32, 4, 2880, seed=25)
+    fold_case(x, w, skewed_ids(1500, 4).to(DEV), q, d, cfg, min_fold=0)
+    x, w, _ = route(1024, 32, 4, 2880, seed=26)
+    ids = (torch.arange(1024 * 4, device=DEV) % 32).view(1024, 4)            # 128 rows an expert
+    assert torch.equal(check(x, w, ids, q, d, cfg), fused_moe_gluon(x, w, ids, q, LIMIT, BM128))
+    q, d = make_experts(8, 2880, 2880, seed=27, offset=8)
+    x, w, ids = route(1200, 16, 4, 2880, seed=28)                            # experts 8-15 of 16: ~300 rows each
+    fold_case(x, w, ids, q, d, cfg, min_fold=0)
+
+
+def test_fold_graph_replay():
+    """The fold configuration captured in a CUDA graph and replayed on new routing: eager's output (up to the
+    tail rows: which pairs land in a tail follows the align step's atomics, and a swapped wgmma computes them)."""
+    from dayzero.kernels.gluon_moe_gemm_run import GluonMoeRun
+    from test_moe_gpu import make_experts, route
+
+    cfg = _cfg("fold16")
+    q, _ = make_experts(32, 2880, 2880, seed=31)
+    x, w, ids = route(2048, 32, 4, 2880, seed=32)
+    run = GluonMoeRun(x, w, ids, q, LIMIT, cfg)
+    run()
+    torch.cuda.synchronize()
+    g = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(g):
+        run()
+    x2, w2, ids2 = route(2048, 32, 4, 2880, seed=33)
+    eager = GluonMoeRun(x2, w2, ids2, q, LIMIT, cfg)()
+    run.x.copy_(x2)
+    run.weights.copy_(w2.reshape(run.weights.shape))
+    run.ids.copy_(ids2.reshape(run.ids.shape))
+    g.replay()
+    torch.cuda.synchronize()
+    assert torch.isfinite(run.out).all() and rel(run.out, eager) <= 1e-3, rel(run.out, eager)
+
+
+def test_fold_option_errors():
+    """fold needs 128-row tiles, half 0, no zpad, a tail of 16 or 32 rows: refused before any launch."""
+    from dayzero.kernels.gluon_moe_gemm_run import BM64, BM128, fused_moe_gluon
+    from test_moe_gpu import make_experts, route
+
+    _cfg("fold16")
+    q, _ = make_experts(8, 2880, 2880, seed=41)
+    x, w, ids = route(256, 8, 4, 2880, seed=42)
+    for cfg in (dataclasses.replace(BM64, fold=16), dataclasses.replace(BM128, fold=16, half=2),
+                dataclasses.replace(BM128, fold=16, zpad=True), dataclasses.replace(BM128, fold=24)):
+        with pytest.raises(ValueError):
+            fused_moe_gluon(x, w, ids, q, LIMIT, cfg)
