@@ -37,8 +37,8 @@ export OUT
 step tests "${TEST_CAP_S:-70}" bash -c run_tests
 mkdir -p "$OUT/bench"
 step bench "${BENCH_CAP_S:-70}" python3 bench/attention/bench_decode_s6.py --out "$OUT/bench" \
-  --plan "${PLAN:-1:8192,1:32768,1:131072,8:1024,64:8192}" \
-  --configs "${CONFIGS:-default,tma_p4,tma_p4_s4,tma_p4_w1,tma_p2_w1_s4}"
+  --plan "${PLAN:-1:32768,8:1024,1:8192,1:131072,64:8192}" \
+  --configs "${CONFIGS:-default,tma_p4,tma_p4_s4,tma_p4_w1,tma_p4_w1_s4}"
 [ -f "$OUT/bench/decode-s6.json" ] && mv "$OUT/bench/decode-s6.json" "$OUT/decode-s6b.json"
 rmdir "$OUT/bench" 2>/dev/null
 (cd "$OUT" && tar czf tests.tgz tests && rm -rf tests)

@@ -20,7 +20,7 @@ from compile_check import FLOATS, NOT_DIV16, _ptr_type, check  # noqa: E402
 from sm90 import build_sm90  # noqa: E402
 
 # (PAGES, num_warps, num_stages): the presets' tiles and their neighbours
-BUILDS = [(4, 4, 3), (4, 4, 4), (4, 1, 3), (4, 2, 3), (2, 4, 4), (2, 1, 4), (1, 1, 8), (4, 4, 2)]
+BUILDS = [(4, 4, 3), (4, 4, 4), (4, 1, 3), (4, 1, 4), (2, 1, 4), (4, 2, 3), (2, 4, 4), (1, 1, 8)]
 
 
 def tma_row(pages: int, warps: int, stages: int, pdl: bool = True, single: bool = False, sass_out=None) -> dict:

@@ -171,6 +171,7 @@ DECODE_PRESETS = {
     "tma_p4": dict(MERGE="kernel", TMA=True, PAGES=4, num_warps=4, num_stages=3),
     "tma_p4_s4": dict(MERGE="kernel", TMA=True, PAGES=4, num_warps=4, num_stages=4),
     "tma_p4_w1": dict(MERGE="kernel", TMA=True, PAGES=4, num_warps=1, num_stages=3),
+    "tma_p4_w1_s4": dict(MERGE="kernel", TMA=True, PAGES=4, num_warps=1, num_stages=4),
     "tma_p2_w1_s4": dict(MERGE="kernel", TMA=True, PAGES=2, num_warps=1, num_stages=4),
 }
 DEFAULT_PRESET = "kernel_strided_n64_hm"

@@ -54,37 +54,38 @@ def _page(q, kc_desc, vc_desc, blk, p0, ctx, col, qk_scale, BS: tl.constexpr, MA
 
 
 @triton.jit
-def _tile(q, kc_desc, vc_desc, b0, b1, b2, b3, n0, ctx, col, qk_scale, m_i, l_i, acc,
+def _tile(q, kc_desc, vc_desc, b0, b1, b2, b3, n0, ctx, col, qk_scale, m_i, l_acc, acc,
           BS: tl.constexpr, PAGES: tl.constexpr, MASK: tl.constexpr):
-    """The ``PAGES`` pages ``b0..`` of keys ``[n0, n0 + PAGES * BS)`` folded into the online softmax with one
-    max / rescale: (m_i, l_i, acc)."""
+    """The ``PAGES`` pages ``b0..`` of keys ``[n0, n0 + PAGES * BS)`` folded into the online softmax: ONE row max
+    per tile (the pages' scores share a layout: their elementwise max first), no row sum (``l_acc [G, BS]``
+    keeps per-column sums, reduced once after the loop): (m_i, l_acc, acc)."""
     s0, v0 = _page(q, kc_desc, vc_desc, b0, n0, ctx, col, qk_scale, BS, MASK)
-    mx = tl.max(s0, 1)
+    mx = s0
     if PAGES >= 2:
         s1, v1 = _page(q, kc_desc, vc_desc, b1, n0 + BS, ctx, col, qk_scale, BS, MASK)
-        mx = tl.maximum(mx, tl.max(s1, 1))
+        mx = tl.maximum(mx, s1)
     if PAGES >= 4:
         s2, v2 = _page(q, kc_desc, vc_desc, b2, n0 + 2 * BS, ctx, col, qk_scale, BS, MASK)
         s3, v3 = _page(q, kc_desc, vc_desc, b3, n0 + 3 * BS, ctx, col, qk_scale, BS, MASK)
-        mx = tl.maximum(mx, tl.maximum(tl.max(s2, 1), tl.max(s3, 1)))
-    m_new = tl.maximum(m_i, mx)
+        mx = tl.maximum(mx, tl.maximum(s2, s3))
+    m_new = tl.maximum(m_i, tl.max(mx, 1))
     alpha = tl.math.exp2(m_i - m_new)
     acc = acc * alpha[:, None]
     p = tl.math.exp2(s0 - m_new[:, None])
-    rs = tl.sum(p, 1)
+    ps = p
     acc = tl.dot(p.to(v0.dtype), v0, acc)
     if PAGES >= 2:
         p = tl.math.exp2(s1 - m_new[:, None])
-        rs += tl.sum(p, 1)
+        ps += p
         acc = tl.dot(p.to(v1.dtype), v1, acc)
     if PAGES >= 4:
         p = tl.math.exp2(s2 - m_new[:, None])
-        rs += tl.sum(p, 1)
+        ps += p
         acc = tl.dot(p.to(v2.dtype), v2, acc)
         p = tl.math.exp2(s3 - m_new[:, None])
-        rs += tl.sum(p, 1)
+        ps += p
         acc = tl.dot(p.to(v3.dtype), v3, acc)
-    return m_new, l_i * alpha + rs, acc
+    return m_new, l_acc * alpha[:, None] + ps, acc
 
 
 @triton.jit
@@ -110,7 +111,7 @@ def _decode_tma_kernel(q_ptr, k_ptr, v_ptr, kc_desc, vc_desc, bt_ptr, cu_ptr, cl
     q, heads, g_ok, offs_g, offs_d, q_row64 = group_query(q_ptr, q_row, hkv, stride_qt, stride_qh,
                                                           GROUP, G_P2, HEAD_D)
     m_i = tl.zeros([G_P2], dtype=tl.float32) - 1.0e30
-    l_i = tl.zeros([G_P2], dtype=tl.float32)
+    l_acc = tl.zeros([G_P2, BS], dtype=tl.float32)   # per-column softmax sums (one row sum after the loop)
     acc = tl.zeros([G_P2, HEAD_D], dtype=tl.float32)
     col = hkv * HEAD_D
     TILE: tl.constexpr = PAGES * BS
@@ -129,14 +130,15 @@ def _decode_tma_kernel(q_ptr, k_ptr, v_ptr, kc_desc, vc_desc, bt_ptr, cu_ptr, cl
         n_b1 = _blk(bt_row, nx + BS, ctx, BS)
         n_b2 = _blk(bt_row, nx + 2 * BS, ctx, BS)
         n_b3 = _blk(bt_row, nx + 3 * BS, ctx, BS)
-        m_i, l_i, acc = _tile(q, kc_desc, vc_desc, b0, b1, b2, b3, n0, ctx, col, qk_scale, m_i, l_i, acc,
-                              BS, PAGES, False)
+        m_i, l_acc, acc = _tile(q, kc_desc, vc_desc, b0, b1, b2, b3, n0, ctx, col, qk_scale, m_i, l_acc, acc,
+                                BS, PAGES, False)
         b0, b1, b2, b3 = n_b0, n_b1, n_b2, n_b3
     # the partial last tile (keys [full, ctx)), in the split whose stride it falls in: the loop left that split's
     # page registers at exactly this tile
     if (full < ctx) & ((full // TILE) % num_splits == s):
-        m_i, l_i, acc = _tile(q, kc_desc, vc_desc, b0, b1, b2, b3, full, ctx, col, qk_scale, m_i, l_i, acc,
-                              BS, PAGES, True)
+        m_i, l_acc, acc = _tile(q, kc_desc, vc_desc, b0, b1, b2, b3, full, ctx, col, qk_scale, m_i, l_acc, acc,
+                                BS, PAGES, True)
+    l_i = tl.sum(l_acc, 1)
 
     if s == 0:  # the new token's own key/value (position ctx) and the sink: split 0 only
         m_i, l_i, acc = attend_new_and_sink(q, k_ptr + q_row64 * stride_kt + hkv * stride_kh,
