@@ -23,6 +23,9 @@ from .triton_moe_gemm import interpreting
 from .triton_moe_small_gemv import gemv_down_kernel, gemv_gate_up_kernel
 from .triton_moe_small_route import plan_kernel
 from .triton_moe_small_split_kernels import combine_kernel, down_kernel, gate_up_kernel
+from .triton_moe_small_wg import WG_VARIANTS
+from .triton_moe_small_wg import launch_down as wg_down
+from .triton_moe_small_wg import launch_gate_up as wg_gate_up
 from .types import ExpertWeights
 
 SWIGLU_ALPHA = 1.702
@@ -81,6 +84,12 @@ class SplitTiles:
     # fused MMA kernels: the pair ids loaded once per program for its slot, rows (and down's touched count)
     # (``triton_moe_small_route._slot_of`` ...) instead of dependent reloads before the first weight load
     ids_once: bool = False
+    # T <= gemv_max_t: both stages on the FP8 tensor-core "swap AB" kernels (``triton_moe_small_wg``; weights
+    # via shared memory into an e4m3 dot, the token quantized per 128 in-kernel: 1 = one e4m3 term, 2 = hi +
+    # lo), wg_stages pipeline stages, down split over wg_split_down K ranges (N tiles bn_gate_up / bn_down)
+    wg: int = 0
+    wg_stages: int = 4
+    wg_split_down: int = 1
 
 
 # Candidate launch configurations (the GPU tests check each; the bench times each at every T).
@@ -94,6 +103,7 @@ class SplitTiles:
 # work list, since removed: commit 891ffc9) nor 5-6 programs per SM (register caps) moved gate_up; an
 # unsplit gate_up of narrow tiles did (k1: 720 programs of 32 rows x the whole K, no partials or
 # tickets in gate_up): 39.0 -> 32.1 us.
+_R = dict(row_scales=True, vec_combine=True, ids_once=True)   # the run-10 options (``_r`` variants)
 VARIANTS = {
     "bn64": SplitTiles(bn_gate_up=64, bn_down=64),
     "bn128": SplitTiles(bn_gate_up=128, bn_down=128),
@@ -167,6 +177,8 @@ VARIANTS = {
                               gemv_down=False, gemv_group=16, gemv_max_t=8, row_scales=True, vec_combine=True,
                               ids_once=True),
 }
+# session 6, CPU only (bench/NOTES.md "MoE decode run 12"; not timed): the FP8 tensor-core kernels at T = 1-2
+VARIANTS.update({name: SplitTiles(**kw, **_R) for name, kw in WG_VARIANTS.items()})
 # the device tests run the engine on candidates before they become defaults: this environment variable
 # holds "name[@max_pairs],..." (``VARIANTS`` names); the first entry whose max_pairs >= T * k (or with
 # none) replaces the default tiles, pair counts past every entry keep the default
@@ -261,7 +273,8 @@ class MoeSplit:
         self.nt1, self.nt2 = triton.cdiv(2 * I, t.bn_gate_up), triton.cdiv(H, t.bn_down)
         self.tb = max(64, triton.next_power_of_2(T))
         self.fused = self.P <= t.fuse_max_pairs
-        self.gemv = t.gemv and T <= t.gemv_max_t and self.fused   # gate_up on CUDA-core GEMV kernels
+        self.wg = t.wg > 0 and T <= t.gemv_max_t and self.fused   # both stages on triton_moe_small_wg
+        self.gemv = t.gemv and T <= t.gemv_max_t and self.fused and not self.wg   # gate_up on CUDA-core GEMV
         self.gemv_down = self.gemv and t.gemv_down and T == 1    # one row per route
         self.slots = self.P if self.fused else min(self.P, E)   # slot = pair (leader scan) or plan table row
         self.pb = max(16, triton.next_power_of_2(self.slots))
@@ -269,8 +282,9 @@ class MoeSplit:
         self.slot_cnt = torch.empty((self.slots,), dtype=torch.int32, device=dev)
         self.slot_pairs = torch.empty((self.slots, self.tb), dtype=torch.int32, device=dev)
         touched = min(self.P, E)  # slots that can be valid (split counts assume all of them are)
-        self.s1 = 1 if self.gemv else choose_split(t.split_gate_up, touched, self.nt1, H, t)
-        self.s2 = 1 if self.gemv_down else choose_split(t.split_down, touched, self.nt2, I, t)
+        self.s1 = 1 if self.gemv or self.wg else choose_split(t.split_gate_up, touched, self.nt1, H, t)
+        self.s2 = max(1, t.wg_split_down) if self.wg else 1 if self.gemv_down else \
+            choose_split(t.split_down, touched, self.nt2, I, t)
         n1 = self.slots * self.nt1
         tickets = _tickets(experts, n1 + self.nt2, dev)
         self.tickets1, self.tickets2 = tickets[:n1], tickets[n1:]
@@ -301,6 +315,8 @@ class MoeSplit:
     def gate_up(self) -> None:
         ex, t = self.ex, self.tiles
         w, s, b = ex.gate_up, ex.gate_up_scale, ex.gate_up_bias
+        if self.wg:
+            return wg_gate_up(self, SWIGLU_ALPHA, interpreting())
         if self.gemv:
             gemv_gate_up_kernel[(self.P * self.nt1,)](
                 self.x, self.ids, w, s, b, self.h, self.H, 2 * self.I, self.nt1, self.offset, self.E, w.stride(0),
@@ -318,6 +334,8 @@ class MoeSplit:
     def down(self) -> None:
         ex, t = self.ex, self.tiles
         w, s, b = ex.down, ex.down_scale, ex.down_bias
+        if self.wg:
+            return wg_down(self, interpreting())
         if self.gemv_down:
             gemv_down_kernel[(self.k * self.nt2,)](
                 self.h, self.ids, self.weights, w, s, b, self.y, self.out, self.tickets2, self.I, self.H, self.nt2,

@@ -1,0 +1,217 @@
+"""FP8 tensor-core kernels of the decode MoE for a few tokens ("swap AB"), launched by ``MoeSplit`` when its
+tiles ask for them (``SplitTiles.wg`` > 0, T <= ``gemv_max_t``). Opt-in candidates (session 6, CPU only).
+
+Why: at T = 1-2 the CUDA-core GEMV (``triton_moe_small_gemv``) spends ~140 instructions per warp and KB of
+FP8 weights (every byte loaded into registers, widened and FMA'd) and the fp16 MMA tiles ~90-190 (FP8 ->
+fp16 fragments), so gate_up is issue-bound (run 11: 22.9 us for 66 MB). Here the weights never pass through
+registers: program = (N tile of BN weight rows, pair j[, K split]); each 128-wide K step copies the FP8
+tile [BN, 128] into shared memory (the pipeliner's cp.async ring, ``num_stages``) and feeds it as the A
+operand (M = BN rows, 64 per warpgroup) of an FP8 x FP8 dot (wgmma e4m3 on sm_90). The token is the B
+operand [128, BT = 16]: its 128 activations quantized in-kernel per step (one scale per 128, as the
+torch reference does): column 0 = hi = e4m3(x / s), with ``X2`` = 2 column 1 = lo = e4m3((x - hi * s) /
+s_lo) (the residual: ~8 bits of x, close to bf16); other columns zero. The padding costs no weight
+bytes (it is on the token side), and the tensor cores are idle anyway. Per step and thread: a few
+cp.async, one x element, the group max, the B tile store, the dot and [BN, BT] / 128 FMAs of the
+block scales (acc += dot * w_scale * [s_hi, s_lo, 0..]); the row value is the column sum at the end.
+  * ``wg_gate_up_kernel``: h[j, tile's I columns] = clamped SwiGLU of bf16(x_t W1[e_j]^T + b1) (gate
+    even, up odd rows), t = j // TOPK; program id = tile * P + j (an expert's repeats adjacent: L2).
+  * ``wg_down_kernel``: y[sp, j, rows] = partial (h[j] W2[e_j]^T [+ b2]) * routing weight over K split
+    sp; a ticket per N tile counts local pairs x SPLIT arrivals, the last sums each token's routes in
+    route order, then splits (``_combine_tile``), writes out [T, H] (no local pair: zeros) and resets it.
+Routes to experts outside [offset, offset + E) are skipped. No host syncs (CUDA-graph capturable), fixed
+summation order (bitwise repeatable). ``DOT_F32`` (the CPU interpreter): the dot in fp32 on the same
+e4m3 values (exact products).
+"""
+
+from __future__ import annotations
+
+import triton
+import triton.language as tl
+
+from .triton_moe_small_split_kernels import _combine_tile, _ticket
+
+FP8_MAX = tl.constexpr(448.0)
+# ``SplitTiles`` fields of the candidates (``triton_moe_small_split.VARIANTS`` adds the run-10 options
+# row_scales / vec_combine / ids_once, which the k1_d64_r-like MMA tiles use above gemv_max_t): T = 1 (wg2:
+# T <= 2) here; wgN_dM: gate_up / down tiles of N / M weight rows on 4 warps, _sS: down over S K ranges,
+# _p6: 6 pipeline stages. sm_90 builds: 39-69 instructions per warp and KB of weights (GEMV gate_up: 140)
+_WG = dict(split_gate_up=1, split_down=1, wg=2)
+WG_VARIANTS = {
+    "wg_d64": dict(bn_gate_up=64, bn_down=64, **_WG),
+    "wg_d64_s2": dict(bn_gate_up=64, bn_down=64, wg_split_down=2, **_WG),
+    "wg_d64_s2_p6": dict(bn_gate_up=64, bn_down=64, wg_split_down=2, wg_stages=6, **_WG),
+    "wg128_d64_s2": dict(bn_gate_up=128, bn_down=64, wg_split_down=2, **_WG),
+    "wg128_d128_s4": dict(bn_gate_up=128, bn_down=128, wg_split_down=4, **_WG),
+    "wg2_d64_s2": dict(bn_gate_up=64, bn_down=64, wg_split_down=2, gemv_max_t=2, **_WG),
+}
+
+
+@triton.jit
+def _token_scale(x_row, K, KP: tl.constexpr):
+    """One scale for the token's whole row: max |x| / 448 (e4m3 keeps ~2^-9 relative down to 2^-17 of it)."""
+    offs = tl.arange(0, KP)
+    a = tl.max(tl.abs(tl.load(x_row + offs, mask=offs < K, other=0.0).to(tl.float32)), 0)
+    return tl.maximum(a, 1e-30) / FP8_MAX
+
+
+@triton.jit
+def _token_load(x_row, k, K, BK: tl.constexpr):
+    """x_row[k : k + BK] in fp32 (zeros past K)."""
+    offs = k + tl.arange(0, BK)
+    return tl.load(x_row + offs, mask=offs < K, other=0.0).to(tl.float32)
+
+
+@triton.jit
+def _token_tile(v, inv, X2: tl.constexpr, BK: tl.constexpr, BT: tl.constexpr):
+    """v [BK] * inv -> B [BK, BT] e4m3: column 0 hi = e4m3(v * inv), with X2 = 2 column BT / 2 lo =
+    e4m3((v * inv - hi) * 16) (the residual, |.| <= 16 * half an ulp of hi <= 256), the rest 0. Built
+    from the 1-D values by joins with zeros (register moves; joins of e4m3 values do not build on sm_90:
+    "illegal shared layout", so the joins are in fp16, converted once)."""
+    v = v * inv
+    hi = v.to(tl.float8e4nv).to(tl.float16)
+    if X2 == 2:
+        b = tl.join(hi, ((v - hi.to(tl.float32)) * 16.0).to(tl.float8e4nv).to(tl.float16))   # [BK, 2]: hi, lo
+    else:
+        b = tl.join(hi, tl.zeros_like(hi))
+    tl.static_assert(BT == 16)
+    b = tl.reshape(tl.join(b, tl.zeros_like(b)), (BK, 4))   # [BK, w] -> [BK, 2w]: the data in the even columns
+    b = tl.reshape(tl.join(b, tl.zeros_like(b)), (BK, 8))
+    return tl.reshape(tl.join(b, tl.zeros_like(b)), (BK, 16)).to(tl.float8e4nv)
+
+
+@triton.jit
+def _row_dot8(w_ptrs, x_row, s_row, k_lo, k_hi, K, BN: tl.constexpr, BK: tl.constexpr, BT: tl.constexpr,
+              KP: tl.constexpr, X2: tl.constexpr, EVEN_K: tl.constexpr, DOT_F32: tl.constexpr):
+    """[BN] fp32 = sum over k in [k_lo, k_hi) of w[n, k] * x[k] (w: FP8 rows at ``w_ptrs`` + k, the [BN, BK]
+    pointers of k = 0; one block scale per step at ``s_row`` + k // 128; BK = 128; x: KP >= K). The weight
+    tiles go through the pipeliner's cp.async ring; the token block and the block scale are loaded one
+    step ahead into registers (not dot operands: the pipeliner leaves them next to their use)."""
+    s = _token_scale(x_row, K, KP)
+    inv = 1.0 / s
+    acc = tl.zeros((BN, BT), dtype=tl.float32)
+    v = _token_load(x_row, k_lo, K, BK)
+    ws = tl.load(s_row + k_lo // BK, mask=k_lo < k_hi, other=0.0)
+    for k in range(k_lo, k_hi, BK):
+        if EVEN_K:
+            w = tl.load(w_ptrs + k)
+        else:
+            w = tl.load(w_ptrs + k, mask=(k + tl.arange(0, BK) < K)[None, :], other=0.0)
+        b = _token_tile(v, inv, X2, BK, BT)
+        sc = ws
+        v = _token_load(x_row, k + BK, K, BK)   # next step's (past K: zeros, no bytes)
+        ws = tl.load(s_row + (k + BK) // BK, mask=k + BK < k_hi, other=0.0)
+        if DOT_F32:
+            d = tl.dot(w.to(tl.float32), b.to(tl.float32), input_precision="ieee")
+        else:
+            d = tl.dot(w, b)
+        acc += d * sc
+    col = tl.arange(0, BT)
+    return tl.sum(acc * tl.where(col == 0, s, tl.where(col == BT // 2, s / 16.0, 0.0))[None, :], 1)
+
+
+@triton.jit
+def _local(ids_ptr, j, offset, E):
+    """Local expert of pair j, -1 when another rank owns it."""
+    e = tl.load(ids_ptr + j).to(tl.int32) - offset
+    return tl.where((e >= 0) & (e < E), e, -1)
+
+
+@triton.jit
+def _local_pairs(ids_ptr, P, offset, E, PB: tl.constexpr):
+    """Number of pairs routed to a local expert."""
+    q = tl.arange(0, PB)
+    e = tl.load(ids_ptr + q, mask=q < P, other=-1).to(tl.int32) - offset
+    return tl.sum(((q < P) & (e >= 0) & (e < E)).to(tl.int32), 0)
+
+
+@triton.jit
+def wg_gate_up_kernel(x_ptr, ids_ptr, w_ptr, s_ptr, b_ptr, h_ptr, K, N, P, offset, E, stride_x, stride_we,
+                      stride_wn, stride_se, stride_sn, stride_be, stride_h, limit, alpha,
+                      TOPK: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr, BT: tl.constexpr, X2: tl.constexpr,
+                      KP: tl.constexpr, EVEN_K: tl.constexpr, DOT_F32: tl.constexpr):
+    pid = tl.program_id(0)
+    j = pid % P
+    tile = pid // P
+    e = _local(ids_ptr, j, offset, E)
+    if e < 0:
+        return
+    e64 = e.to(tl.int64)
+    rows = tile * BN + tl.arange(0, BN)
+    rows_c = tl.where(rows < N, rows, 0)
+    w_ptrs = w_ptr + e64 * stride_we + rows_c[:, None].to(tl.int64) * stride_wn + tl.arange(0, BK)[None, :]
+    s_row = s_ptr + e64 * stride_se + ((tile * BN) // 128) * stride_sn
+    x_row = x_ptr + (j // TOPK).to(tl.int64) * stride_x
+    v = _row_dot8(w_ptrs, x_row, s_row, 0, K, K, BN, BK, BT, KP, X2, EVEN_K, DOT_F32)
+    v = (v + tl.load(b_ptr + e64 * stride_be + rows_c).to(tl.float32)).to(tl.bfloat16).to(tl.float32)
+    gate, up = tl.split(tl.reshape(v, (BN // 2, 2)))
+    gate = tl.minimum(gate, limit)
+    up = tl.minimum(tl.maximum(up, -limit), limit)
+    h = (up + 1.0) * (gate * tl.sigmoid(alpha * gate))
+    cols = tile * (BN // 2) + tl.arange(0, BN // 2)
+    tl.store(h_ptr + j * stride_h + cols, h.to(h_ptr.dtype.element_ty), mask=cols < N // 2)
+
+
+@triton.jit
+def wg_down_kernel(h_ptr, ids_ptr, wt_ptr, w_ptr, s_ptr, b_ptr, y_ptr, out_ptr, ticket_ptr, K, N, n_tiles, T, P,
+                   offset, E, stride_h, stride_we, stride_wn, stride_se, stride_sn, stride_be, stride_o,
+                   TOPK: tl.constexpr, PB: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr, BT: tl.constexpr,
+                   KP: tl.constexpr, X2: tl.constexpr, SPLIT: tl.constexpr, EVEN_K: tl.constexpr, DOT_F32: tl.constexpr):
+    pid = tl.program_id(0)
+    sp = pid % SPLIT
+    tile = (pid // SPLIT) % n_tiles
+    j = pid // (SPLIT * n_tiles)
+    rows = tile * BN + tl.arange(0, BN)
+    n_ok = rows < N
+    local = _local_pairs(ids_ptr, P, offset, E, PB)
+    if local == 0:  # nothing routed to this rank: nobody draws a ticket, one program per tile writes zeros
+        if (j == 0) & (sp == 0):
+            _combine_tile(y_ptr, ids_ptr, out_ptr, T, P, N, offset, E, stride_o, rows, n_ok, TOPK, SPLIT, BN)
+        return
+    e = _local(ids_ptr, j, offset, E)
+    if e < 0:
+        return
+    e64 = e.to(tl.int64)
+    rows_c = tl.where(n_ok, rows, 0)
+    w_ptrs = w_ptr + e64 * stride_we + rows_c[:, None].to(tl.int64) * stride_wn + tl.arange(0, BK)[None, :]
+    s_row = s_ptr + e64 * stride_se + ((tile * BN) // 128) * stride_sn
+    per = tl.cdiv(tl.cdiv(K, BK), SPLIT) * BK
+    k_lo = sp * per
+    acc = _row_dot8(w_ptrs, h_ptr + j * stride_h, s_row, k_lo, tl.minimum(k_lo + per, K), K, BN, BK, BT, KP,
+                    X2, EVEN_K, DOT_F32)
+    if sp == 0:
+        acc += tl.load(b_ptr + e64 * stride_be + rows_c).to(tl.float32)
+    y = acc * tl.load(wt_ptr + j).to(tl.float32)
+    tl.store(y_ptr + (sp * P + j) * N + rows, y, mask=n_ok)
+    if _ticket(ticket_ptr + tile, rows, DOT_F32) == local * SPLIT - 1:
+        _combine_tile(y_ptr, ids_ptr, out_ptr, T, P, N, offset, E, stride_o, rows, n_ok, TOPK, SPLIT, BN)
+        tl.atomic_xchg(ticket_ptr + tile, 0, sem="relaxed")
+
+
+def check_tiles(t) -> None:
+    """The dot's M side is the weight tile: 64 or 128 rows (one or two m64 wgmma rows per warpgroup)."""
+    if t.bn_gate_up not in (64, 128) or t.bn_down not in (64, 128) or t.wg not in (1, 2) or t.wg_split_down < 1:
+        raise ValueError(f"wg tiles need bn_gate_up / bn_down in (64, 128), wg in (1, 2) and wg_split_down >= 1, "
+                         f"got {t.bn_gate_up} / {t.bn_down}, {t.wg}, {t.wg_split_down}")
+
+
+def launch_gate_up(run, alpha: float, dot_f32: bool) -> None:
+    """gate_up of a ``MoeSplit`` (``run``) on ``wg_gate_up_kernel``: P * ceil(2I / BN) programs."""
+    ex, t = run.ex, run.tiles
+    check_tiles(t)
+    w, s, b = ex.gate_up, ex.gate_up_scale, ex.gate_up_bias
+    wg_gate_up_kernel[(run.P * run.nt1,)](
+        run.x, run.ids, w, s, b, run.h, run.H, 2 * run.I, run.P, run.offset, run.E, run.x.stride(0), w.stride(0),
+        w.stride(1), s.stride(0), s.stride(1), b.stride(0), run.h.stride(0), run.limit, alpha,
+        TOPK=run.k, BN=t.bn_gate_up, BK=128, BT=16, KP=triton.next_power_of_2(run.H), X2=t.wg, EVEN_K=run.H % 128 == 0, DOT_F32=dot_f32,
+        num_warps=t.warps, num_stages=t.wg_stages)
+
+
+def launch_down(run, dot_f32: bool) -> None:
+    """down + combine of a ``MoeSplit`` on ``wg_down_kernel``: P * ceil(H / BN) * s2 programs."""
+    ex, t = run.ex, run.tiles
+    w, s, b = ex.down, ex.down_scale, ex.down_bias
+    wg_down_kernel[(run.P * run.nt2 * run.s2,)](
+        run.h, run.ids, run.weights, w, s, b, run.y, run.out, run.tickets2, run.I, run.H, run.nt2, run.T, run.P,
+        run.offset, run.E, run.h.stride(0), w.stride(0), w.stride(1), s.stride(0), s.stride(1), b.stride(0),
+        run.out.stride(0), TOPK=run.k, PB=run.pb, BN=t.bn_down, BK=128, BT=16, KP=triton.next_power_of_2(run.I), X2=t.wg, SPLIT=run.s2,
+        EVEN_K=run.I % 128 == 0, DOT_F32=dot_f32, num_warps=t.warps_down or t.warps, num_stages=t.wg_stages)

@@ -1,0 +1,136 @@
+"""Decode MoE on the FP8 tensor-core kernels (``triton_moe_small_wg``, tiles with ``SplitTiles.wg``) vs the torch
+reference, through ``MoeSplit`` (the same checks as ``test_moe_small_gpu.py``, whose helpers build the experts
+and inputs: fresh random inputs, NaN-poisoned allocator, |out - exact| <= 0.5 * e_ref + 2e-3 where e_ref is
+the reference's own FP8 error). On the CPU: ``TRITON_INTERPRET=1 DAYZERO_KERNEL_TEST_DEVICE=cpu pytest
+--noconftest tests/kernels/test_moe_small_wg_gpu.py`` (small odd shapes: K and N tails).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+import pytest
+import torch
+
+from dayzero.kernels import torch_ops as ref
+from dayzero.kernels.types import ExpertWeights
+from gpu_util import DEV, poison, rel
+
+pytest.importorskip("triton", reason="the Triton kernels need triton (GPU machines)")  # CI: skip at collection
+from test_moe_small_gpu import LIMIT, SHAPES, _tickets_zero, check, experts, inputs  # noqa: E402
+
+pytestmark = [pytest.mark.gpu,
+              pytest.mark.skipif(DEV == "cuda" and not torch.cuda.is_available(), reason="needs a CUDA GPU")]
+
+
+def _wg():
+    from dayzero.kernels.triton_moe_small_wg import WG_VARIANTS
+
+    return list(WG_VARIANTS)
+
+
+def _tiles(name):
+    from dayzero.kernels.triton_moe_small_split import VARIANTS
+
+    return VARIANTS[name]
+
+
+@pytest.mark.parametrize("variant", _wg())
+@pytest.mark.parametrize("T", [1, 2])
+@pytest.mark.parametrize("name", ["20b", "120b"])
+def test_wg_vs_reference(name, T, variant):
+    from dayzero.kernels.triton_moe_small_split import MoeSplit
+
+    tiles = _tiles(variant)
+    x, w, ids = inputs(T, SHAPES[name][0], SHAPES[name][1], seed=40 + T)
+    assert MoeSplit(x, w, ids, experts(name)[0], LIMIT, tiles).wg == (T <= tiles.gemv_max_t)
+    check(name, T, seed=40 + T, tiles=tiles)
+    assert _tickets_zero(experts(name)[0])   # every down ticket reset by its last user
+
+
+def test_wg_one_term_token_is_coarser():
+    # wg = 1: the token as one e4m3 term (the reference's own activation rounding): its error is of e_ref's
+    # size, which is why the candidates carry the lo term (wg = 2)
+    from dayzero.kernels.triton_moe_small_split import moe_split
+
+    q, d = experts("20b")
+    E, H, _ = SHAPES["20b"]
+    x, w, ids = inputs(1, E, H, seed=51)
+    exact = ref.moe_experts(x, w, ids, d, LIMIT)
+    e_ref = rel(ref.moe_experts(x, w, ids, q, LIMIT), exact)
+    one = rel(moe_split(x, w, ids, q, LIMIT, dataclasses.replace(_tiles("wg_d64"), wg=1)), exact)
+    two = rel(moe_split(x, w, ids, q, LIMIT, _tiles("wg_d64")), exact)
+    assert two < 0.5 * one and one <= 1.5 * e_ref + 2e-3, (one, two, e_ref)
+
+
+@pytest.mark.parametrize("variant", ["wg_d64", "wg128_d128_s4"])
+@pytest.mark.parametrize("local_routes", [0, 2])
+def test_wg_expert_parallel_slice(local_routes, variant):
+    # this rank owns experts 8..15: routes elsewhere are skipped (the down tickets count local pairs x splits);
+    # none local: one program per N tile writes zeros
+    from dayzero.kernels.triton_moe_small_split import moe_split
+
+    q, d = experts("120b")
+    E, H, _ = SHAPES["120b"]
+    x, w, _ = inputs(1, E, H, seed=61 + local_routes)
+    ids = torch.tensor([[9, 1, 14, 3] if local_routes else [0, 1, 2, 3]], device=DEV)
+    sl = slice(8, 16)
+    qs, ds = (ExpertWeights(a.gate_up[sl], a.gate_up_bias[sl], a.down[sl], a.down_bias[sl],
+                            a.gate_up_scale[sl] if a.gate_up_scale is not None else None,
+                            a.down_scale[sl] if a.down_scale is not None else None,
+                            derived={"expert_offset": 8}) for a in (q, d))
+    poison()
+    out = moe_split(x, w, ids, qs, LIMIT, _tiles(variant))
+    assert torch.isfinite(out).all()
+    if not local_routes:
+        assert (out == 0).all()
+        return
+    exact = ref.moe_experts(x, w, ids, ds, LIMIT)
+    e_ref = rel(ref.moe_experts(x, w, ids, qs, LIMIT), exact)
+    assert rel(out, exact) <= 0.5 * e_ref + 2e-3, (rel(out, exact), e_ref)
+    assert _tickets_zero(qs)
+
+
+@pytest.mark.parametrize("repeated", [False, True])
+def test_wg_two_tokens_per_pair(repeated):
+    # wg2: T = 2 on the wg kernels, one program per pair (repeated: both tokens on the same 4 experts)
+    check("20b", 2, seed=71, tiles=_tiles("wg2_d64_s2"), repeated=repeated)
+    assert _tickets_zero(experts("20b")[0])
+
+
+@pytest.mark.parametrize("T,variant", [(1, "wg_d64_s2"), (1, "wg128_d128_s4"), (2, "wg2_d64_s2")])
+def test_wg_deterministic_and_graph_replay_equals_eager(T, variant):
+    from dayzero.kernels.triton_moe_small_split import MoeSplit, moe_split
+
+    if DEV != "cuda":
+        pytest.skip("CUDA graphs need a GPU")
+    q, _ = experts("20b")
+    E, H, _ = SHAPES["20b"]
+    x, w, ids = inputs(T, E, H, seed=81)
+    tiles = _tiles(variant)
+    run = MoeSplit(x, w, ids, q, LIMIT, tiles)
+    assert run.wg
+    first = run().clone()
+    assert torch.equal(run(), first)                                        # bitwise repeatable
+    g = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(g):
+        out = run()
+    for seed in (82, 83):
+        x2, w2, ids2 = inputs(T, E, H, seed=seed)
+        run.x.copy_(x2)
+        run.weights.copy_(w2)
+        run.ids.copy_(ids2)
+        g.replay()
+        torch.cuda.synchronize()
+        assert torch.equal(out, moe_split(x2, w2, ids2, q, LIMIT, tiles))
+    assert _tickets_zero(q)
+
+
+def test_wg_rejects_bad_tiles():
+    from dayzero.kernels.triton_moe_small_split import moe_split
+
+    q, _ = experts("20b")
+    E, H, _ = SHAPES["20b"]
+    x, w, ids = inputs(1, E, H, seed=4)
+    with pytest.raises(ValueError, match="wg tiles"):
+        moe_split(x, w, ids, q, LIMIT, dataclasses.replace(_tiles("wg_d64"), bn_gate_up=32))
