@@ -23,7 +23,7 @@ run_tests() {
     > "$OUT/tests/s6b.log" 2>&1 &
   pids="$pids $!"
   DAYZERO_DECODE_ATTENTION=$preset pt tests/kernels/test_attention_gpu.py \
-    -k "${TEST_K:-(decode and not variants) or long_sequences or random_batches}" \
+    -k "${TEST_K:-(decode and not variants) or other_shapes or long_sequences or random_batches}" \
     > "$OUT/tests/attention_$preset.log" 2>&1 &
   pids="$pids $!"
   DAYZERO_DECODE_ATTENTION=$preset pt tests/kernels/test_cuda_graph_gpu.py > "$OUT/tests/graph_$preset.log" 2>&1 &

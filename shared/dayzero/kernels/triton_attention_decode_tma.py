@@ -5,17 +5,20 @@ The shipped split kernel (triton_attention_splitkv.py) gathers each 64-key tile 
 paged cache is seen as one 2-D tensor ``[NB * BS, Hkv * D]`` (rows = token slots, 1 KB each for the 20B /
 120B shapes) and one page of one KV head, ``[BS, D]`` at row ``page * BS``, column ``hkv * D``, is ONE
 tensor-descriptor load: on sm_90 a single thread issues a ``cp.async.bulk.tensor`` (UTMALDG) per page into a
-shared-memory ring guarded by mbarriers (Triton's pipeliner builds the ring from ``num_stages``), so the
-instructions per byte fall and the bytes in flight per program are ``(num_stages - 1) * PAGES * 2 * BS * D * 2``.
+shared-memory ring guarded by mbarriers (Triton's pipeliner builds the ring from ``num_stages``): no per-thread
+address math or copies for K/V, deeper rings cost shared memory only, and the bytes in flight per program are
+``(num_stages - 1) * PAGES * 2 * BS * D * 2``. (The loop is not shorter than the shipped one: bench/NOTES.md.)
 
 Grid ``(Hkv, S, B)`` (head-major, as the shipped default): program ``(hkv, s, b)`` takes the tiles of
 ``PAGES`` pages ``s, s + S, s + 2S, ...`` of sequence ``b`` (strided, full attention only) for the GQA group
 of ``hkv``. A tile's pages are scored one by one (``[G, BS]`` each, straight from the shared-memory page)
-and folded into the online softmax with ONE max / rescale per tile. Whole tiles run unmasked in the pipelined
-loop; the partial last tile (one split's) runs after it with its slots past the cached length masked in the
-scores and their value rows zeroed (a TMA load copies whole pages; those slots may hold anything, NaN included). Split 0 adds the new token's key / value and the sinks (once). Partials are
-the shipped layout ``[B, Hkv, S, GROUP(, D)]`` and the shipped ``_merge_kernel`` merges them in split order
-(deterministic). One split (``SINGLE``) writes the output itself. ``PDL``: as the shipped split kernel.
+and folded into the online softmax with ONE row max per tile and no row sum in the loop (per-column sums,
+reduced once after it). Whole tiles run unmasked in the pipelined loop; the partial last tile (one split's)
+runs after it with the slots past the cached length masked in the scores and their value rows zeroed (a TMA
+load copies whole pages; those slots may hold anything, NaN included). Split 0 adds the new token's key /
+value and the sinks (once). Partials are the shipped layout ``[B, Hkv, S, GROUP(, D)]`` and the shipped
+``_merge_kernel`` merges them in split order (deterministic). One split (``SINGLE``) writes the output
+itself. ``PDL``: as the shipped split kernel. Opt-in presets ``tma_*`` in triton_attention_decode.py.
 Shapes are fixed per batch size and the split bounds come from ``cached_lens`` on the device: CUDA-graph
 safe (the host descriptors hold only the cache's address, shape and strides).
 """
