@@ -37,7 +37,7 @@ DEFAULT_VARIANTS = "op,gluon64,gluon128,gluon128_h1"
 
 
 def _configs() -> dict:
-    from dayzero.kernels.gluon_moe_gemm_run import BM64, BM128, BM128_RUN8 as R8, DEFAULT
+    from dayzero.kernels.gluon_moe_gemm_run import BM64, BM128, BM128_FOLD16, BM128_RUN8 as R8, DEFAULT
 
     r = dataclasses.replace
     return {"gluon": DEFAULT, "gluon64": BM64, "gluon_s3": r(BM64, stages=3), "gluon_s5": r(BM64, stages=5),
@@ -67,7 +67,7 @@ def _configs() -> dict:
             # run 10 (CPU only): an expert's tail block of <= 16 / 32 rows folded into its last full block's tile
             # (consumer 240 / producer 24 registers: no spills in the K loops; gluon128_r240 = that register split alone;
             # a 32-row tail needs 228 KB of shared memory at 4 stages and spills its accumulator: not offered)
-            "gluon128_fold16": r(BM128, fold=16, consumer_regs=240, producer_regs=24),
+            "gluon128_fold16": BM128_FOLD16,
             "gluon128_fold16_r232": r(BM128, fold=16), "gluon128_r240": r(BM128, consumer_regs=240, producer_regs=24),
             # timing diagnostics (wrong results): where the time goes
             "diag_w_once_per_tile": r(BM64, diag=1), "diag_a_once_per_tile": r(BM64, diag=2),

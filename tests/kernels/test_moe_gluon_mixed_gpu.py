@@ -31,8 +31,9 @@ CFGS = {"fold16": dict(fold=16, consumer_regs=240, producer_regs=24), "fold16_r2
 
 def _cfg(name):
     pytest.importorskip("triton")
-    from dayzero.kernels.gluon_moe_gemm_run import BM128
+    from dayzero.kernels.gluon_moe_gemm_run import BM128, BM128_FOLD16
 
+    assert BM128_FOLD16 == dataclasses.replace(BM128, **CFGS["fold16"])        # the named candidate
     return dataclasses.replace(BM128, **CFGS[name])
 
 

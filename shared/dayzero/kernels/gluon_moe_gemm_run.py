@@ -5,8 +5,9 @@ Everything else of the MoE call (align, quantization into sorted order, combine)
 path's (``triton_moe.LARGE``: x quantized 1x128 into sorted order), with align blocks of the kernel's
 tile rows: 64 (``gluon_moe_gemm``) or 128 (``GluonConfig.bm = 128``: ``gluon_moe_gemm128``); with
 ``GluonConfig.glue`` align and quantization run as one step of three launches
-(``triton_moe_align.align_quant_pairs``). Operands the kernel cannot take (TMA alignment, non-contiguous
-weights) fall back to the Triton GEMMs.
+(``triton_moe_align.align_quant_pairs``); with ``GluonConfig.fold`` (opt-in, ``BM128_FOLD16``) the 128-row
+GEMMs run ``gluon_moe_fold`` (an expert's short tail block computed in the tile of its last full block).
+Operands the kernel cannot take (TMA alignment, non-contiguous weights) fall back to the Triton GEMMs.
 Importing this module imports triton's Gluon: callers import it only when the Gluon path is selected.
 """
 
@@ -74,6 +75,9 @@ BM128_RUN8 = dataclasses.replace(BM64, bm=128, group_m=8, sched=1)
 # run 9, interleaved CUDA-graph layer times at 8192 tokens against BM128_RUN8 in the same call: 120B random 2.437 ->
 # 2.286 ms, balanced 2.172 -> 2.096, 20B random 2.031 -> 1.971, balanced 1.913 -> 1.870; bitwise the same outputs)
 BM128 = dataclasses.replace(BM128_RUN8, fast_epi=True, wsplit=True, glue=True, glue_rows=4)
+# Gluon run 10 candidate (CPU only, not yet run on a GPU; bench/NOTES.md "Gluon run 10"): BM128 + an expert's tail
+# block of <= 16 rows folded into the tile of its last full block, at the 240 / 24 register split (no K-loop spills)
+BM128_FOLD16 = dataclasses.replace(BM128, fold=16, consumer_regs=240, producer_regs=24)
 DEFAULT = BM64
 # Mean routed rows per local expert from which the registered op takes 128-row tiles (bench/NOTES.md, Gluon
 # run 8, CUDA-graph times at 8192 tokens: 120B = 256 rows an expert, random routing 2.686 ms on 64-row tiles
