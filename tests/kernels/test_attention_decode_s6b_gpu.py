@@ -141,6 +141,8 @@ def test_tma_supported_refuses_what_it_cannot_read():
     assert tma_supported(case.k_cache, case.v_cache, 0)
     assert not tma_supported(case.k_cache, case.v_cache, 128)                     # window layers
     assert not tma_supported(case.k_cache.transpose(1, 2), case.v_cache, 0)       # not [NB, BS, Hkv, D] dense
+    wide = torch.zeros((4, 16, 2, 64), dtype=torch.float32, device=DEV)              # 256-byte box rows
+    assert not tma_supported(wide, wide, 0)
     # the registered op still answers (the shipped path) for a layout the candidate cannot read
     kc = case.k_cache.transpose(1, 2).contiguous().transpose(1, 2)
     vc = case.v_cache.transpose(1, 2).contiguous().transpose(1, 2)

@@ -158,15 +158,18 @@ def _decode_tma_kernel(q_ptr, k_ptr, v_ptr, kc_desc, vc_desc, bt_ptr, cu_ptr, cl
 
 
 def tma_supported(k_cache: torch.Tensor, v_cache: torch.Tensor, window: int) -> bool:
-    """Full attention on a cache whose last three dims are dense (the 2-D view the descriptors need), 16-byte
-    aligned, page and head sizes a TMA box allows."""
+    """Full attention on a cache whose dims are dense (the 2-D view the descriptors need), 16-byte aligned, page
+    and head sizes a TMA box allows (D * element size 16-128 bytes)."""
     if window > 0:
         return False
     for c in (k_cache, v_cache):
         NB, BS, Hkv, D = c.shape
         if c.stride() != (BS * Hkv * D, Hkv * D, D, 1) or c.data_ptr() % 16:   # rows evenly strided
             return False
-        if BS > 256 or D > 256 or BS & (BS - 1) or D & (D - 1) or D * c.element_size() < 16:
+        if c.dtype not in (torch.bfloat16, torch.float16, torch.float32):
+            return False
+        # box rows <= 256; one box row of 16-128 bytes (the 128-byte swizzle's span)
+        if BS > 256 or BS & (BS - 1) or D & (D - 1) or not 16 <= D * c.element_size() <= 128:
             return False
     return True
 
