@@ -12,6 +12,7 @@ the same divisibility hint here, so the loads vectorise and pipeline as they do 
 
 from __future__ import annotations
 
+import hashlib
 import pathlib
 import re
 import sys
@@ -20,6 +21,7 @@ from triton.compiler.compiler import ASTSource
 
 from dayzero.kernels import triton_moe_small_gemv as G
 from dayzero.kernels import triton_moe_small_split_kernels as S
+from dayzero.kernels import triton_moe_small_wg as WG
 
 sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[1]))
 from sm90 import build_sm90  # noqa: E402
@@ -41,7 +43,7 @@ def k_loop(sass: str) -> tuple[int, int, int]:
         m = re.search(r"BRA (0x[0-9a-f]+)", ln)
         if m and int(m.group(1), 16) < addr[i]:
             body = [x for x, a in zip(lines, addr) if int(m.group(1), 16) <= a <= addr[i]]
-            hmma = sum("HMMA" in x for x in body)
+            hmma = sum("HMMA" in x or "GMMA" in x for x in body)   # GMMA: the wg kernels' wgmma
             if hmma and (best is None or len(body) < best[0]):
                 best = (len(body), hmma, sum(bool(re.search(r"\bLDG\.", x)) for x in body))
     return best or (0, 0, 0)
@@ -77,7 +79,8 @@ def check(kernel, consts: dict, warps: int = 4, stages: int = 4, maxnreg: int = 
         kb_per_warp = consts["BN"] * 128 / warps / 1024   # weight KB per warp and K step
     return dict(regs=b.regs, local_ld_st=b.spills, smem=b.smem, programs_per_sm=b.programs_per_sm,
                 async_copies=b.ttgir.count("async_copy_global_to_local"), loop_instr=loop, hmma=hmma, loop_ldg=ldg,
-                instr_per_kb=round(loop / kb_per_warp))
+                instr_per_kb=round(loop / kb_per_warp),
+                sass_sha=hashlib.sha1(re.sub(r"\.(section|file)\b.*", "", sass).encode()).hexdigest()[:12])
 
 
 def split_configs(labels=None):
@@ -90,6 +93,13 @@ def split_configs(labels=None):
         for label, t in VARIANTS.items():
             if labels and label not in labels:
                 continue
+            if t.wg:   # T = 1 on the FP8 tensor-core kernels (triton_moe_small_wg), 20B: K = 2880
+                consts = dict(TOPK=4, BN=t.bn_gate_up if kern is S.gate_up_kernel else t.bn_down, BK=128, BT=16,
+                              KP=4096, X2=t.wg, EVEN_K=False, DOT_F32=False)
+                if kern is S.down_kernel:
+                    consts.update(PB=16, SPLIT=t.wg_split_down)
+                wk = WG.wg_gate_up_kernel if kern is S.gate_up_kernel else WG.wg_down_kernel
+                yield f"{name} {label} T1 wg", wk, consts, t.warps_down or t.warps, t.wg_stages, 0
             if t.gemv and (kern is S.gate_up_kernel or t.gemv_down):  # T = 1 on the GEMV kernels (20B, K = 2880)
                 bn = t.bn_gate_up if kern is S.gate_up_kernel else t.bn_down
                 consts = dict(BN=bn, BK=t.gemv_bk, U=t.gemv_u, EVEN_K=2880 % (t.gemv_bk * t.gemv_u) == 0,
