@@ -64,10 +64,11 @@ def _configs() -> dict:
             "gluon128_fws_glue4": r(R8, fast_epi=True, wsplit=True, glue=True, glue_rows=4),
             "gluon128_h2_fws_glue4": r(R8, half=2, fast_epi=True, wsplit=True, glue=True, glue_rows=4),
             "gluon128_zpad": r(BM128, zpad=True),                  # the shipped BM128 + zero padding rows
-            # run 10 (CPU only): an expert's tail block of <= 16 / 32 rows folded into its last full block's tile
+            # run 10 (CPU only): an expert's short tail block folded into its full blocks' tiles, 16 rows a tile
             # (consumer 240 / producer 24 registers: no spills in the K loops; gluon128_r240 = that register split alone;
-            # a 32-row tail needs 228 KB of shared memory at 4 stages and spills its accumulator: not offered)
-            "gluon128_fold16": BM128_FOLD16,
+            # a 32-row slice needs 228 KB of shared memory at 4 stages and spills its accumulator: not offered;
+            # _all: also tails of 65-127 rows, which BM128 runs as padded full tiles)
+            "gluon128_fold16": BM128_FOLD16, "gluon128_fold16_all": r(BM128_FOLD16, fold_max=127),
             "gluon128_fold16_r232": r(BM128, fold=16), "gluon128_r240": r(BM128, consumer_regs=240, producer_regs=24),
             # timing diagnostics (wrong results): where the time goes
             "diag_w_once_per_tile": r(BM64, diag=1), "diag_a_once_per_tile": r(BM64, diag=2),
@@ -75,7 +76,7 @@ def _configs() -> dict:
 
 
 SPECIALISED = ("bias_ptr", "c_ptr", "cs_ptr", "sorted_ids_ptr", "block_expert_ptr", "weights_ptr", "trace_ptr", "span_ptr",
-               "counter_ptr", "N", "K", "num_pairs", "stride_biase", "stride_cm", "stride_cs")
+               "counter_ptr", "info_ptr", "N", "K", "num_pairs", "stride_biase", "stride_cm", "stride_cs")
 
 
 def compile_check(out: str | None, names: list[str] | None = None) -> int:
@@ -118,7 +119,7 @@ def compile_check(out: str | None, names: list[str] | None = None) -> int:
                 tl_ = gl.NVMMASharedLayout.get_default_for([cfg.fold, 128], gl.float8e4nv)
                 tsl = gl.NVMMASharedLayout.get_default_for([1, 32], gl.float32)
                 sig.update(at_desc=f"tensordesc<fp8e4nv[{cfg.fold}, 128],{tl_!r}>",
-                           sat_desc=f"tensordesc<fp32[1, 32],{tsl!r}>", counter_ptr="*i32")
+                           sat_desc=f"tensordesc<fp32[1, 32],{tsl!r}>", counter_ptr="*i32", info_ptr="*i32")
             else:
                 consts.update(HALF=cfg.half, TRACE=False, SCHED=cfg.sched,
                               OPT=int(cfg.fast_epi) | 2 * int(cfg.wsplit) | 4 * int(cfg.zpad))
@@ -163,8 +164,9 @@ def _tile_stats(run) -> dict:
         row.update(full_tiles=full, half_tiles=used - full)
         from dayzero.kernels.gluon_moe_fold_plan import fold_counts        # what a 16-row fold would take
 
-        f16 = fold_counts(al.sorted_ids, al.block_expert, al.num_pairs, 16)
-        row.update(fold16_tiles=f16.fold, fold16_half_tiles=f16.half)
+        for key, rows in (("fold16", 64), ("fold16_all", 127)):
+            c = fold_counts(al.sorted_ids, al.block_expert, al.num_pairs, 16, rows)
+            row.update({f"{key}_tiles": c.fold, f"{key}_absorbed": c.absorbed, f"{key}_half_tiles": c.half})
     return row
 
 

@@ -22,10 +22,12 @@ from gpu_util import DEV, rel
 
 pytestmark = [pytest.mark.gpu, pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")]
 LIMIT = 7.0
-# the candidate (consumer 240 / producer 24 registers: no spills in the K loops at sm_90), the same at the
+# the candidate (consumer 240 / producer 24 registers: no spills in the K loops at sm_90), the same folding any
+# tail that fits (fold_max 127: also tails of 65-127 rows, which BM128 runs as padded full tiles), the same at the
 # shipped register split (an acc1 element spilled in the fold K loop), and the static walk without wsplit /
 # fast_epi (the other producer and epilogue branches)
-CFGS = {"fold16": dict(fold=16, consumer_regs=240, producer_regs=24), "fold16_r232": dict(fold=16),
+CFGS = {"fold16": dict(fold=16, consumer_regs=240, producer_regs=24),
+        "fold16_all": dict(fold=16, fold_max=127, consumer_regs=240, producer_regs=24), "fold16_r232": dict(fold=16),
         "fold16_static": dict(fold=16, sched=0, wsplit=False, fast_epi=False, consumer_regs=240, producer_regs=24)}
 
 
@@ -44,12 +46,12 @@ def ids_with_counts(counts: list[int], k: int, seed: int) -> torch.Tensor:
     return flat[torch.randperm(flat.numel(), generator=g)].view(-1, k)
 
 
-def _tail_pairs(run, tail: int) -> torch.Tensor:
+def _tail_pairs(run, cfg) -> torch.Tensor:
     """[P] bool: pairs sitting in a block that the fold tiles absorb (for this run's alignment)."""
-    from dayzero.kernels.gluon_moe_fold_plan import ABSORBED, BLOCK, fold_kinds
+    from dayzero.kernels.gluon_moe_fold_plan import ABSORBED, BLOCK, fold_plan
 
     al = run.al
-    kind = fold_kinds(al.sorted_ids, al.block_expert, al.num_pairs, tail)
+    kind, _ = fold_plan(al.sorted_ids, al.block_expert, al.num_pairs, cfg.fold, cfg.fold_max)
     rows = al.sorted_ids.view(-1, BLOCK)[:kind.numel()].cpu()[kind == ABSORBED].reshape(-1).long()
     mask = torch.zeros(al.num_pairs, dtype=torch.bool)
     mask[rows[rows < al.num_pairs]] = True
@@ -70,9 +72,9 @@ def fold_case(x, w, ids, q, d, cfg, min_fold: int = 1):
         run()
         runs.append(run)
     fold, ship = runs
-    counts = fold_counts(fold.al.sorted_ids, fold.al.block_expert, fold.al.num_pairs, cfg.fold)
-    assert counts.fold >= min_fold and counts.fold == counts.absorbed, counts
-    tails = _tail_pairs(fold, cfg.fold) | _tail_pairs(ship, cfg.fold)
+    counts = fold_counts(fold.al.sorted_ids, fold.al.block_expert, fold.al.num_pairs, cfg.fold, cfg.fold_max)
+    assert counts.fold >= min_fold and counts.absorbed <= counts.fold, counts
+    tails = _tail_pairs(fold, cfg) | _tail_pairs(ship, cfg)
     local = (ids.reshape(-1) >= fold.offset) & (ids.reshape(-1) < fold.offset + fold.E)
     same = local.to(tails.device) & ~tails
     assert torch.equal(fold.y[same], ship.y[same]), "rows outside the folded tails differ from BM128"
@@ -85,17 +87,19 @@ def fold_case(x, w, ids, q, d, cfg, min_fold: int = 1):
 
 @pytest.mark.parametrize("name", list(CFGS))
 def test_fold_exact_counts(name):
-    """Tails of 1, 16 (folded), 17 (a half tile: past TT), 8 after two full blocks; single-block experts of 16
-    and 46 rows (half tiles, no block before them), an exact 128, 100 rows (a padded full tile)."""
+    """Tails of 1, 16 (folded), 17 (a half tile: past 16 x 1 full block), 8 after two full blocks (one fold
+    tile), 32 after two (two fold tiles), 100 after seven (a padded full tile; with fold_max 127 seven fold
+    tiles of 16 rows); single-block experts of 16 and 46 rows (half tiles), an exact 128, 100 rows (padded)."""
     from test_moe_gpu import make_experts, route
 
     cfg = _cfg(name)
-    counts = [129, 144, 145, 264, 16, 128, 100, 46]
+    counts = [129, 144, 145, 264, 16, 128, 100, 46, 288, 996]
     ids = ids_with_counts(counts, 4, seed=1).to(DEV)
     q, d = make_experts(len(counts), 2880, 2880, seed=2)
     x, w, _ = route(ids.shape[0], len(counts), 4, 2880, seed=3)
-    c = fold_case(x, w, ids, q, d, cfg, min_fold=3)
-    assert c.fold == 3 and c.half == 3, c                       # experts 0, 1, 3 fold; 2, 4, 7 half tiles
+    c = fold_case(x, w, ids, q, d, cfg, min_fold=5)
+    want = (12, 5, 3) if cfg.fold_max == 127 else (5, 4, 3)     # folds 1 + 1 + 1 + 2 (+ 7); half: experts 2, 4, 7
+    assert (c.fold, c.absorbed, c.half) == want, c
 
 
 @pytest.mark.parametrize("name", list(CFGS))
@@ -159,7 +163,8 @@ def test_fold_graph_replay():
 
 
 def test_fold_option_errors():
-    """fold needs 128-row tiles, half 0, no zpad, a tail of 16 or 32 rows: refused before any launch."""
+    """fold needs 128-row tiles, half 0, no zpad, 16-row tail slices (32: over the shared memory limit),
+    fold_max in [1, 127]: refused before any GEMM launch."""
     from dayzero.kernels.gluon_moe_gemm_run import BM64, BM128, fused_moe_gluon
     from test_moe_gpu import make_experts, route
 
@@ -167,6 +172,7 @@ def test_fold_option_errors():
     q, _ = make_experts(8, 2880, 2880, seed=41)
     x, w, ids = route(256, 8, 4, 2880, seed=42)
     for cfg in (dataclasses.replace(BM64, fold=16), dataclasses.replace(BM128, fold=16, half=2),
-                dataclasses.replace(BM128, fold=16, zpad=True), dataclasses.replace(BM128, fold=24)):
+                dataclasses.replace(BM128, fold=16, zpad=True), dataclasses.replace(BM128, fold=24),
+                dataclasses.replace(BM128, fold=32), dataclasses.replace(BM128, fold=16, fold_max=128)):
         with pytest.raises(ValueError):
             fused_moe_gluon(x, w, ids, q, LIMIT, cfg)

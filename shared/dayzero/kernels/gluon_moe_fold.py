@@ -40,31 +40,22 @@ TS = gl.constexpr(32)     # tail A scales per stage (one 128-byte TMA box)
 
 
 @gluon.jit
-def _kind(p, pid_m, TT: gl.constexpr):
-    """(expert, kind) of M block pid_m: kind 0 = as BM128, 1 = fold (takes the next block's <= TT rows),
-    2 = absorbed by the previous block's fold tile (nothing to do)."""
-    (a_desc, b_desc, sa_desc, sb_desc, a_bufs, b_bufs, sa_bufs, sb_bufs, ready, empty, xbar, amax_smem, bias_ptr,
-     c_ptr, cs_ptr, sorted_ids_ptr, block_expert_ptr, weights_ptr, used_m, N, K, num_pairs, num_kb, stride_biase,
-     stride_cm, stride_cs, limit, alpha, span_ptr) = p
-    e = gl.load(block_expert_ptr + pid_m)
-    has_next = pid_m + 1 < used_m
-    nxt = gl.load(block_expert_ptr + pid_m + 1, mask=has_next, other=-1)
-    short_next = gl.load(sorted_ids_ptr + (pid_m + 1) * BM + TT, mask=has_next, other=0) >= num_pairs
-    prv = gl.load(block_expert_ptr + pid_m - 1, mask=pid_m > 0, other=-1)
-    short_self = gl.load(sorted_ids_ptr + pid_m * BM + TT) >= num_pairs
-    fold = (nxt == e) & short_next
-    absorbed = (prv == e) & short_self
-    return e, fold.to(gl.int32) + 2 * absorbed.to(gl.int32)
+def _kind(p, f, pid_m):
+    """(expert, kind, tail row) of M block pid_m from ``gluon_moe_fold_info``: kind 0 = as BM128, 1 = fold
+    (also the tail rows [tail row, + TT) of the expert's last block), 2 = absorbed (nothing to do)."""
+    e = gl.load(p[16] + pid_m)
+    info = gl.load(f[4] + pid_m)
+    return e, info & 3, info >> 2
 
 
 @gluon.jit
-def _load_fold(p, f, pid_m, pid_n, e, it, STAGES: gl.constexpr, OPT: gl.constexpr, TT: gl.constexpr):
+def _load_fold(p, f, pid_m, pid_n, e, trow, it, STAGES: gl.constexpr, OPT: gl.constexpr, TT: gl.constexpr):
     """The TMA loads of a fold tile's K steps: ``_load_tile``'s (full tile; OPT & 2: W per weight block)
-    plus the tail A [TT, BK] and its scales; returns it."""
+    plus the tail A rows [trow, trow + TT) and their scales; returns it."""
     (a_desc, b_desc, sa_desc, sb_desc, a_bufs, b_bufs, sa_bufs, sb_bufs, ready, empty, xbar, amax_smem, bias_ptr,
      c_ptr, cs_ptr, sorted_ids_ptr, block_expert_ptr, weights_ptr, used_m, N, K, num_pairs, num_kb, stride_biase,
      stride_cm, stride_cs, limit, alpha, span_ptr) = p
-    at_desc, sat_desc, at_bufs, sat_bufs = f
+    at_desc, sat_desc, at_bufs, sat_bufs, info_ptr = f
     row_b = e * N + pid_n * BN
     col_sb = (pid_n * (BN // 128)) // 4 * 4
     has1 = pid_n * BN + WN < N
@@ -83,9 +74,9 @@ def _load_fold(p, f, pid_m, pid_n, e, it, STAGES: gl.constexpr, OPT: gl.constexp
             mbarrier.expect(bar, base + BN * BK)
             tma.async_copy_global_to_shared(b_desc, [row_b, kb * BK], bar, b_bufs.index(s))
         tma.async_copy_global_to_shared(a_desc, [pid_m * BM, kb * BK], bar, a_bufs.index(s))
-        tma.async_copy_global_to_shared(at_desc, [(pid_m + 1) * BM, kb * BK], bar, at_bufs.index(s))
+        tma.async_copy_global_to_shared(at_desc, [trow, kb * BK], bar, at_bufs.index(s))
         tma.async_copy_global_to_shared(sa_desc, [kb, pid_m * BM], bar, sa_bufs.index(s))
-        tma.async_copy_global_to_shared(sat_desc, [kb, (pid_m + 1) * BM], bar, sat_bufs.index(s))
+        tma.async_copy_global_to_shared(sat_desc, [kb, trow], bar, sat_bufs.index(s))
         tma.async_copy_global_to_shared(sb_desc, [e * num_kb + kb, col_sb], bar, sb_bufs.index(s))
         it += 1
     return it
@@ -95,11 +86,11 @@ def _load_fold(p, f, pid_m, pid_n, e, it, STAGES: gl.constexpr, OPT: gl.constexp
 def _produce(p, f, tile, it, num_pid_n, STAGES: gl.constexpr, GROUP_M: gl.constexpr, WALK: gl.constexpr,
              OPT: gl.constexpr, TT: gl.constexpr):
     pid_m, pid_n = _tile_mn(tile, p[18], num_pid_n, p[28], GROUP_M, WALK)
-    e, kind = _kind(p, pid_m, TT)
+    e, kind, trow = _kind(p, f, pid_m)
     if kind == 0:
         it = _load_tile(p, pid_m, pid_n, e, True, it, STAGES, 0, OPT)
     elif kind == 1:
-        it = _load_fold(p, f, pid_m, pid_n, e, it, STAGES, OPT, TT)
+        it = _load_fold(p, f, pid_m, pid_n, e, trow, it, STAGES, OPT, TT)
     return it
 
 
@@ -131,9 +122,9 @@ def _consume(p, f, tile, it, hcount, num_pid_n, WG: gl.constexpr, EPI: gl.conste
              STAGES: gl.constexpr, GROUP_M: gl.constexpr, WALK: gl.constexpr, TT: gl.constexpr):
     """One consumer's share of walk position ``tile``; returns (it, hcount)."""
     pid_m, pid_n = _tile_mn(tile, p[18], num_pid_n, p[28], GROUP_M, WALK)
-    e, kind = _kind(p, pid_m, TT)
+    e, kind, trow = _kind(p, f, pid_m)
     if kind == 1:
-        it, hcount = _fold_tile(p, f, pid_m, pid_n, e, it, hcount, WG, EPI, OPT, STAGES, TT)
+        it, hcount = _fold_tile(p, f, pid_m, pid_n, e, trow, it, hcount, WG, EPI, OPT, STAGES, TT)
     elif kind == 0:
         if gl.load(p[15] + pid_m * BM + HM) < p[21]:                       # rows 64-127 hold a routed pair
             it = _full_tile(p, pid_m, pid_n, e, it, WG, EPI, OPT, STAGES)
@@ -181,7 +172,7 @@ def moe_gemm_fold_kernel(
     sorted_ids_ptr, block_expert_ptr, weights_ptr,
     num_blocks_m, N, K, num_pairs, num_kb,
     stride_biase, stride_cm, stride_cs,
-    limit, alpha, span_ptr, counter_ptr,
+    limit, alpha, span_ptr, counter_ptr, info_ptr,
     EPI: gl.constexpr, STAGES: gl.constexpr, GROUP_M: gl.constexpr, CONSUMER_REGS: gl.constexpr,
     PRODUCER_REGS: gl.constexpr, num_warps: gl.constexpr, TT: gl.constexpr = 16,
     WALK: gl.constexpr = 0, SCHED: gl.constexpr = 0, OPT: gl.constexpr = 0,
@@ -206,7 +197,7 @@ def moe_gemm_fold_kernel(
     p = (a_desc, b_desc, sa_desc, sb_desc, a_bufs, b_bufs, sa_bufs, sb_bufs, ready, empty, xbar, amax_smem, bias_ptr,
          c_ptr, cs_ptr, sorted_ids_ptr, block_expert_ptr, weights_ptr, used_m, N, K, num_pairs, num_kb, stride_biase,
          stride_cm, stride_cs, limit, alpha, span_ptr)
-    f = (at_desc, sat_desc, at_bufs, sat_bufs)
+    f = (at_desc, sat_desc, at_bufs, sat_bufs, info_ptr)
     if SCHED == 1:                                   # the tile ring of gluon_moe_sched
         zl: gl.constexpr = gl.BlockedLayout([1], [32], [num_warps], [0])
         tiles_smem = gl.allocate_shared_memory(gl.int32, [2, 32], gl.SwizzledSharedLayout(1, 1, 1, [0]))

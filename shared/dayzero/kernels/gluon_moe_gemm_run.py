@@ -63,8 +63,9 @@ class GluonConfig:
     glue_rows: int = 1         # glue: pairs quantized per program of the scatter launch (align_quant_pairs)
     zpad: bool = False         # bm 128: padding rows of h (gate_up epilogue) and, with glue, of the quantized x
                                # written as zeros, not left stale (the GEMMs multiply them; power-capped GPU)
-    fold: int = 0              # bm 128, half 0: an expert's tail block of at most `fold` real rows (16 or 32) rides
-                               # in the tile of the expert's last full block (gluon_moe_fold); 0 = off
+    fold: int = 0              # bm 128, half 0: 16 = an expert's short tail block (<= 16 x its full blocks) rides
+                               # spread over the tiles of its full blocks, 16 rows each (gluon_moe_fold); 0 = off
+    fold_max: int = 64         # fold: the most rows of a folded tail (64: tails that would be half tiles; 127: any)
 
 
 BM64 = GluonConfig()
@@ -76,7 +77,8 @@ BM128_RUN8 = dataclasses.replace(BM64, bm=128, group_m=8, sched=1)
 # 2.286 ms, balanced 2.172 -> 2.096, 20B random 2.031 -> 1.971, balanced 1.913 -> 1.870; bitwise the same outputs)
 BM128 = dataclasses.replace(BM128_RUN8, fast_epi=True, wsplit=True, glue=True, glue_rows=4)
 # Gluon run 10 candidate (CPU only, not yet run on a GPU; bench/NOTES.md "Gluon run 10"): BM128 + an expert's tail
-# block of <= 16 rows folded into the tile of its last full block, at the 240 / 24 register split (no K-loop spills)
+# block of <= 64 rows folded into the tiles of its full blocks (16 rows each, <= 16 x its full blocks), at the
+# 240 / 24 register split (no spills in the K loops)
 BM128_FOLD16 = dataclasses.replace(BM128, fold=16, consumer_regs=240, producer_regs=24)
 DEFAULT = BM64
 # Mean routed rows per local expert from which the registered op takes 128-row tiles (bench/NOTES.md, Gluon
@@ -114,11 +116,12 @@ def _desc(t: torch.Tensor, block: list[int], dtype) -> TensorDescriptor:
 def gemm_ws(a: torch.Tensor, a_scale_t: torch.Tensor, w: torch.Tensor, w_scale_k: torch.Tensor, bias: torch.Tensor,
             out: torch.Tensor, out_scale_t: torch.Tensor | None, al: AlignedPairs, weights: torch.Tensor, *,
             K: int, N: int, epi: int, limit: float, cfg: GluonConfig = DEFAULT,
-            trace: torch.Tensor | None = None) -> None:
+            trace: torch.Tensor | None = None, fold_info: torch.Tensor | None = None) -> None:
     """a [Mpad, >= K] fp8 (sorted rows), a_scale_t [ceil(K/128), Mpad] fp32; w [E, N, K] fp8 contiguous,
     w_scale_k = block_scales_by_k(w_scale); epi 1 -> out = h [Mpad, N/2] fp8 + out_scale_t; epi 2 -> out =
     y [P, N] (pair order). trace (bm 128, diagnostic): int64 [>= tiles, 4] of per-tile start / end ns,
-    M block and kind (``gluon_moe_trace._trace``)."""
+    M block and kind (``gluon_moe_trace._trace``). fold_info (cfg.fold): ``gluon_moe_fold_info.fold_info`` of
+    ``al`` (made here when not given; ``al`` needs block_span)."""
     bm = cfg.bm
     if bm not in (64, 128) or al.block_m != bm:
         raise ValueError(f"the Gluon MoE GEMM needs {bm}-row align blocks (64 or 128), got {al.block_m}")
@@ -132,8 +135,9 @@ def gemm_ws(a: torch.Tensor, a_scale_t: torch.Tensor, w: torch.Tensor, w_scale_k
         raise ValueError(f"sched must be 0 or 1 (1: 128-row tiles only), got {cfg.sched} with bm {bm}")
     if (cfg.fast_epi or cfg.wsplit or cfg.zpad) and (bm != 128 or (cfg.wsplit and cfg.half == 3)):
         raise ValueError(f"fast_epi / wsplit / zpad need 128-row tiles (wsplit: half 0-2), got bm {bm} half {cfg.half}")
-    if cfg.fold not in (0, 16, 32) or (cfg.fold and (bm != 128 or cfg.half or cfg.zpad or trace is not None)):
-        raise ValueError(f"fold must be 0, 16 or 32, and needs 128-row tiles, half 0, no zpad and no trace "
+    if cfg.fold not in (0, 16) or (cfg.fold and (bm != 128 or cfg.half or cfg.zpad or trace is not None)):
+        raise ValueError(f"fold must be 0 or 16 (32: over the shared memory limit, NOTES Gluon run 10), and needs "
+                         f"128-row tiles, half 0, no zpad and no trace "
                          f"(fold {cfg.fold}, bm {bm}, half {cfg.half}, zpad {cfg.zpad})")
     if not w.is_contiguous():
         raise ValueError("the Gluon MoE GEMM needs contiguous expert weights")
@@ -153,10 +157,12 @@ def gemm_ws(a: torch.Tensor, a_scale_t: torch.Tensor, w: torch.Tensor, w_scale_k
     span = al.block_span if cfg.walk else al.block_expert                  # (unused with walk 0)
     if cfg.fold:
         from .gluon_moe_fold import moe_gemm_fold_kernel           # only when a fold configuration runs
+        from .gluon_moe_fold_info import fold_info as make_fold_info
 
+        info = fold_info if fold_info is not None else make_fold_info(al, cfg.fold, cfg.fold_max)
         counter = torch.zeros((1, ), dtype=torch.int32, device=a.device) if cfg.sched else al.block_expert
         fargs = args[:4] + (_desc(a, [cfg.fold, BK], gl.float8e4nv), _desc(a_scale_t, [1, 32], gl.float32)) + args[4:]
-        moe_gemm_fold_kernel[(progs, )](*fargs, span, counter, TT=cfg.fold, WALK=cfg.walk, SCHED=cfg.sched,
+        moe_gemm_fold_kernel[(progs, )](*fargs, span, counter, info, TT=cfg.fold, WALK=cfg.walk, SCHED=cfg.sched,
                                         OPT=int(cfg.fast_epi) | 2 * int(cfg.wsplit), **consts)
     elif bm == 128:
         counter = torch.zeros((1, ), dtype=torch.int32, device=a.device) if cfg.sched else al.block_expert
@@ -174,15 +180,21 @@ class GluonMoeRun(MoeRun):
                  limit: float, cfg: GluonConfig = DEFAULT) -> None:
         super().__init__(x, weights, ids, experts, limit, tiles=dataclasses.replace(LARGE, bm=cfg.bm), small=False)
         self.cfg = cfg
+        self.fold_info: torch.Tensor | None = None   # cfg.fold: the tile kinds, made by align
 
     def align(self) -> None:
-        span = self.cfg.walk == 1                    # the expert runs of the blocks, for the walk by expert
+        span = self.cfg.walk == 1 or self.cfg.fold > 0  # the expert runs of the blocks (walk by expert, fold info)
         if not self.cfg.glue:
             self.al = align_pairs(self.ids, self.E, self.tiles.bm, self.offset, span=span)
-            return
-        self.al, self.xq, self.xs_t = align_quant_pairs(self.x, self.ids, self.E, self.tiles.bm, self.offset,
-                                                        span=span, rows_per_prog=self.cfg.glue_rows,
-                                                        zero_pad=self.cfg.zpad)
+        else:
+            self.al, self.xq, self.xs_t = align_quant_pairs(self.x, self.ids, self.E, self.tiles.bm, self.offset,
+                                                            span=span, rows_per_prog=self.cfg.glue_rows,
+                                                            zero_pad=self.cfg.zpad)
+        self.fold_info = None
+        if self.cfg.fold and self.cfg.bm == 128:            # the fold GEMMs' tile kinds (gluon_moe_fold_info)
+            from .gluon_moe_fold_info import fold_info
+
+            self.fold_info = fold_info(self.al, self.cfg.fold, self.cfg.fold_max)
 
     def quant(self) -> None:
         if not self.cfg.glue:            # else done by align
@@ -206,14 +218,16 @@ class GluonMoeRun(MoeRun):
             return super().gate_up()
         ex = self.experts
         gemm_ws(self.xq, self.xs_t, ex.gate_up, self._scales_by_k("gate_up"), ex.gate_up_bias, self.h, self.hs_t, self.al,
-                self.weights, K=self.H, N=2 * self.I, epi=1, limit=self.limit, cfg=self.cfg)
+                self.weights, K=self.H, N=2 * self.I, epi=1, limit=self.limit, cfg=self.cfg,
+                fold_info=self.fold_info)
 
     def down(self) -> None:
         if not (self.cfg.down and self.gluon_ok()):
             return super().down()
         ex = self.experts
         gemm_ws(self.h, self.hs_t, ex.down, self._scales_by_k("down"), ex.down_bias, self.y, None, self.al, self.weights,
-                K=self.I, N=self.H, epi=2, limit=self.limit, cfg=self.cfg)
+                K=self.I, N=self.H, epi=2, limit=self.limit, cfg=self.cfg,
+                fold_info=self.fold_info)
 
 
 def fused_moe_gluon(x: torch.Tensor, weights: torch.Tensor, ids: torch.Tensor, experts: ExpertWeights,

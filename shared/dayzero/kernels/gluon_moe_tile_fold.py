@@ -41,9 +41,9 @@ def _k_loop_fold(p, f, it, nk, j_sb, has1, WG: gl.constexpr, STAGES: gl.constexp
     (a_desc, b_desc, sa_desc, sb_desc, a_bufs, b_bufs, sa_bufs, sb_bufs, ready, empty, xbar, amax_smem, bias_ptr,
      c_ptr, cs_ptr, sorted_ids_ptr, block_expert_ptr, weights_ptr, used_m, N, K, num_pairs, num_kb, stride_biase,
      stride_cm, stride_cs, limit, alpha, span_ptr) = p
-    at_desc, sat_desc, at_bufs, sat_bufs = f
+    at_desc, sat_desc, at_bufs, sat_bufs, info_ptr = f
     rows: gl.constexpr = gl.SliceLayout(1, mma)
-    trow: gl.constexpr = gl.SliceLayout(0, mmat)                               # tail rows = columns of D^T
+    tcol: gl.constexpr = gl.SliceLayout(0, mmat)                               # tail rows = columns of D^T
     l4: gl.constexpr = gl.BlockedLayout([4], [32], [4], [0])
     sa_v = sa_bufs._reinterpret(gl.float32, [STAGES, BM], gl.SwizzledSharedLayout(1, 1, 1, [0]))
     sat_v = sat_bufs._reinterpret(gl.float32, [STAGES, TS], gl.SwizzledSharedLayout(1, 1, 1, [0]))
@@ -73,7 +73,7 @@ def _k_loop_fold(p, f, it, nk, j_sb, has1, WG: gl.constexpr, STAGES: gl.constexp
         if t_on:
             dt = warpgroup_mma(b_bufs.index(s).slice(WG * WN, WN, dim=0), at_bufs.index(s).permute((1, 0)),
                                gl.zeros([WN, TT], gl.float32, mmat), use_acc=False, is_async=True)
-            rt = sat_v.index(s).slice(0, TT).load(trow) * gl.sum(gl.where(j4 == j_sb + WG, sbv, 0.0), axis=0)
+            rt = sat_v.index(s).slice(0, TT).load(tcol) * gl.sum(gl.where(j4 == j_sb + WG, sbv, 0.0), axis=0)
             dt = warpgroup_mma_wait(0, deps=(dt, ))
             acct += dt * gl.expand_dims(rt, 0)
         fence_async_shared()
@@ -124,13 +124,13 @@ def _main_epi(p, acc0, acc1, pid_m, pid_n, e, WG: gl.constexpr, EPI: gl.constexp
 
 
 @gluon.jit
-def _tail_epi(p, acct, hcount, pid_m, pid_n, e, WG: gl.constexpr, EPI: gl.constexpr, OPT: gl.constexpr,
+def _tail_epi(p, acct, hcount, trow, pid_n, e, WG: gl.constexpr, EPI: gl.constexpr, OPT: gl.constexpr,
               TT: gl.constexpr, mmat: gl.constexpr):
-    """The tail rows [(pid_m + 1) * BM, + TT) x weight block WG from acct [WN, TT]; returns hcount."""
+    """The tail rows [trow, trow + TT) x weight block WG from acct [WN, TT]; returns hcount."""
     (a_desc, b_desc, sa_desc, sb_desc, a_bufs, b_bufs, sa_bufs, sb_bufs, ready, empty, xbar, amax_smem, bias_ptr,
      c_ptr, cs_ptr, sorted_ids_ptr, block_expert_ptr, weights_ptr, used_m, N, K, num_pairs, num_kb, stride_biase,
      stride_cm, stride_cs, limit, alpha, span_ptr) = p
-    m0 = (pid_m + 1) * BM
+    m0 = trow
     n_w = pid_n * BN + WG * WN
     offs_n = n_w + gl.arange(0, WN, gl.SliceLayout(1, mmat))
     n_ok = offs_n < N
@@ -180,7 +180,7 @@ def _tail_epi(p, acct, hcount, pid_m, pid_n, e, WG: gl.constexpr, EPI: gl.conste
 
 
 @gluon.jit
-def _fold_tile(p, f, pid_m, pid_n, e, it, hcount, WG: gl.constexpr, EPI: gl.constexpr, OPT: gl.constexpr,
+def _fold_tile(p, f, pid_m, pid_n, e, trow, it, hcount, WG: gl.constexpr, EPI: gl.constexpr, OPT: gl.constexpr,
                STAGES: gl.constexpr, TT: gl.constexpr):
     """One consumer's share of a fold tile (K loop, tail epilogue, full rows' epilogue); returns (it, hcount)."""
     (a_desc, b_desc, sa_desc, sb_desc, a_bufs, b_bufs, sa_bufs, sb_bufs, ready, empty, xbar, amax_smem, bias_ptr,
@@ -192,5 +192,5 @@ def _fold_tile(p, f, pid_m, pid_n, e, it, hcount, WG: gl.constexpr, EPI: gl.cons
     acc0, acc1, acct, it = _k_loop_fold(p, f, it, gl.cdiv(K, BK), (n0 // 128) % 4, n0 + WN < N, WG, STAGES, TT, mma,
                                         mmat)
     _main_epi(p, acc0, acc1, pid_m, pid_n, e, WG, EPI, OPT, mma)
-    hcount = _tail_epi(p, acct, hcount, pid_m, pid_n, e, WG, EPI, OPT, TT, mmat)
+    hcount = _tail_epi(p, acct, hcount, trow, pid_n, e, WG, EPI, OPT, TT, mmat)
     return it, hcount
