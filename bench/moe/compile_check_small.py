@@ -25,10 +25,10 @@ from dayzero.kernels import triton_moe_small_wg as WG
 
 sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[1]))
 from sm90 import build_sm90  # noqa: E402
-NOT_DIV16 = {"T", "n_tiles", "stride_se", "stride_sn", "limit", "alpha", "offset", "P"}
+NOT_DIV16 = {"T", "n_tiles", "stride_se", "stride_sn", "limit", "alpha", "offset", "P", "hs"}
 TYPES = {"x_ptr": "*bf16", "h_ptr": "*bf16", "ids_ptr": "*i64", "wt_ptr": "*bf16", "w_ptr": "*fp8e4nv",
          "s_ptr": "*fp32", "b_ptr": "*bf16", "y_ptr": "*fp32", "out_ptr": "*bf16",
-         "slot_e_ptr": "*i32", "slot_cnt_ptr": "*i32", "slot_pairs_ptr": "*i32", "limit": "fp32", "alpha": "fp32",
+         "slot_e_ptr": "*i32", "slot_cnt_ptr": "*i32", "slot_pairs_ptr": "*i32", "limit": "fp32", "alpha": "fp32", "hs": "fp32",
          "ws_ptr": "*fp32", "ticket_ptr": "*i32"}
 
 
@@ -64,7 +64,9 @@ def gemv_loop(sass: str) -> int:
 
 
 def check(kernel, consts: dict, warps: int = 4, stages: int = 4, maxnreg: int = 0) -> dict:
-    types = dict(TYPES, h_ptr="*fp16") if consts.get("H16") else TYPES
+    types = dict(TYPES, h_ptr="*fp16") if consts.get("H16") or "X2" in consts else TYPES
+    if consts.get("HQ"):   # wg tiles with wg_hq: h handed over as e4m3 rows
+        types = dict(types, h_ptr="*fp8e4nv")
     sig = {n: ("constexpr" if n in consts else types.get(n, "i32")) for n in kernel.arg_names}
     attrs = {(i,): [["tt.divisibility", 16]] for i, n in enumerate(kernel.arg_names)
              if n not in consts and n not in NOT_DIV16}
@@ -95,7 +97,7 @@ def split_configs(labels=None):
                 continue
             if t.wg:   # T = 1 on the FP8 tensor-core kernels (triton_moe_small_wg), 20B: K = 2880
                 consts = dict(TOPK=4, BN=t.bn_gate_up if kern is S.gate_up_kernel else t.bn_down, BK=128, BT=16,
-                              KP=4096, X2=t.wg, EVEN_K=False, DOT_F32=False)
+                              KP=4096, X2=t.wg, EVEN_K=False, DOT_F32=False, HQ=t.wg_hq)
                 if kern is S.down_kernel:
                     consts.update(PB=16, SPLIT=t.wg_split_down)
                 wk = WG.wg_gate_up_kernel if kern is S.gate_up_kernel else WG.wg_down_kernel

@@ -63,7 +63,7 @@ def test_wg_one_term_token_is_coarser():
     assert two < 0.5 * one and one <= 1.5 * e_ref + 2e-3, (one, two, e_ref)
 
 
-@pytest.mark.parametrize("variant", ["wg_d64", "wg128_d128_s4"])
+@pytest.mark.parametrize("variant", ["wg_d64", "wg128_d128_s4", "wg_d64_s2_q"])
 @pytest.mark.parametrize("local_routes", [0, 2])
 def test_wg_expert_parallel_slice(local_routes, variant):
     # this rank owns experts 8..15: routes elsewhere are skipped (the down tickets count local pairs x splits);
@@ -91,14 +91,16 @@ def test_wg_expert_parallel_slice(local_routes, variant):
     assert _tickets_zero(qs)
 
 
+@pytest.mark.parametrize("variant", ["wg2_d64_s2", "wg2_d64_s2_q"])
 @pytest.mark.parametrize("repeated", [False, True])
-def test_wg_two_tokens_per_pair(repeated):
+def test_wg_two_tokens_per_pair(repeated, variant):
     # wg2: T = 2 on the wg kernels, one program per pair (repeated: both tokens on the same 4 experts)
-    check("20b", 2, seed=71, tiles=_tiles("wg2_d64_s2"), repeated=repeated)
+    check("20b", 2, seed=71, tiles=_tiles(variant), repeated=repeated)
     assert _tickets_zero(experts("20b")[0])
 
 
-@pytest.mark.parametrize("T,variant", [(1, "wg_d64_s2"), (1, "wg128_d128_s4"), (2, "wg2_d64_s2")])
+@pytest.mark.parametrize("T,variant", [(1, "wg_d64_s2"), (1, "wg128_d128_s4"), (2, "wg2_d64_s2"),
+                                       (1, "wg128_d128_s4_q"), (2, "wg2_d64_s2_q")])
 def test_wg_deterministic_and_graph_replay_equals_eager(T, variant):
     from dayzero.kernels.triton_moe_small_split import MoeSplit, moe_split
 
@@ -134,3 +136,5 @@ def test_wg_rejects_bad_tiles():
     x, w, ids = inputs(1, E, H, seed=4)
     with pytest.raises(ValueError, match="wg tiles"):
         moe_split(x, w, ids, q, LIMIT, dataclasses.replace(_tiles("wg_d64"), bn_gate_up=32))
+    with pytest.raises(ValueError, match="limit"):   # wg_hq's fixed h scale needs the SwiGLU clamp
+        moe_split(x, w, ids, q, 1e4, _tiles("wg_d64_s2_q"))

@@ -25,6 +25,7 @@ e4m3 values (exact products).
 
 from __future__ import annotations
 
+import torch
 import triton
 import triton.language as tl
 
@@ -34,7 +35,7 @@ FP8_MAX = tl.constexpr(448.0)
 # ``SplitTiles`` fields of the candidates (``triton_moe_small_split.VARIANTS`` adds the run-10 options
 # row_scales / vec_combine / ids_once, which the k1_d64_r-like MMA tiles use above gemv_max_t): T = 1 (wg2:
 # T <= 2) here; wgN_dM: gate_up / down tiles of N / M weight rows on 4 warps, _sS: down over S K ranges,
-# _p6: 6 pipeline stages. sm_90 builds: 39-69 instructions per warp and KB of weights (GEMV gate_up: 140)
+# _p6: 6 pipeline stages, _q: h handed over in e4m3 (below). sm_90 builds: 39-69 instructions per warp and KB of weights (GEMV gate_up: 140)
 _WG = dict(split_gate_up=1, split_down=1, wg=2)
 WG_VARIANTS = {
     "wg_d64": dict(bn_gate_up=64, bn_down=64, **_WG),
@@ -43,6 +44,10 @@ WG_VARIANTS = {
     "wg128_d64_s2": dict(bn_gate_up=128, bn_down=64, wg_split_down=2, **_WG),
     "wg128_d128_s4": dict(bn_gate_up=128, bn_down=128, wg_split_down=4, **_WG),
     "wg2_d64_s2": dict(bn_gate_up=64, bn_down=64, wg_split_down=2, gemv_max_t=2, **_WG),
+    # _q: gate_up writes h as e4m3 hi + lo rows (wg_hq), down loads its B tile through the cp.async ring
+    "wg_d64_s2_q": dict(bn_gate_up=64, bn_down=64, wg_split_down=2, wg_hq=True, **_WG),
+    "wg128_d128_s4_q": dict(bn_gate_up=128, bn_down=128, wg_split_down=4, wg_hq=True, **_WG),
+    "wg2_d64_s2_q": dict(bn_gate_up=64, bn_down=64, wg_split_down=2, gemv_max_t=2, wg_hq=True, **_WG),
 }
 
 
@@ -80,25 +85,37 @@ def _token_tile(v, inv, X2: tl.constexpr, BK: tl.constexpr, BT: tl.constexpr):
 
 
 @triton.jit
-def _row_dot8(w_ptrs, x_row, s_row, k_lo, k_hi, K, BN: tl.constexpr, BK: tl.constexpr, BT: tl.constexpr,
-              KP: tl.constexpr, X2: tl.constexpr, EVEN_K: tl.constexpr, DOT_F32: tl.constexpr):
+def _row_dot8(w_ptrs, x_row, s_row, k_lo, k_hi, K, hs, BN: tl.constexpr, BK: tl.constexpr, BT: tl.constexpr,
+              KP: tl.constexpr, X2: tl.constexpr, EVEN_K: tl.constexpr, DOT_F32: tl.constexpr, HQ: tl.constexpr):
     """[BN] fp32 = sum over k in [k_lo, k_hi) of w[n, k] * x[k] (w: FP8 rows at ``w_ptrs`` + k, the [BN, BK]
     pointers of k = 0; one block scale per step at ``s_row`` + k // 128; BK = 128; x: KP >= K). The weight
     tiles go through the pipeliner's cp.async ring; the token block and the block scale are loaded one
-    step ahead into registers (not dot operands: the pipeliner leaves them next to their use)."""
-    s = _token_scale(x_row, K, KP)
+    step ahead into registers (not dot operands: the pipeliner leaves them next to their use).
+    ``HQ``: x_row is already e4m3 [2, K] (hi, lo rows of scale hs, hs / 16: ``_store_hq``): B [BT, BK] is loaded
+    as a dot operand (rows 0 and BT / 2, the others masked: no bytes), through the same cp.async ring."""
+    if HQ:
+        s = hs
+    else:
+        s = _token_scale(x_row, K, KP)
     inv = 1.0 / s
     acc = tl.zeros((BN, BT), dtype=tl.float32)
-    v = _token_load(x_row, k_lo, K, BK)
+    r = tl.arange(0, BT)
+    if not HQ:
+        v = _token_load(x_row, k_lo, K, BK)
     ws = tl.load(s_row + k_lo // BK, mask=k_lo < k_hi, other=0.0)
     for k in range(k_lo, k_hi, BK):
         if EVEN_K:
             w = tl.load(w_ptrs + k)
         else:
             w = tl.load(w_ptrs + k, mask=(k + tl.arange(0, BK) < K)[None, :], other=0.0)
-        b = _token_tile(v, inv, X2, BK, BT)
+        if HQ:
+            offs = k + tl.arange(0, BK)
+            b = tl.trans(tl.load(x_row + (r // (BT // 2))[:, None] * K + offs[None, :],
+                                 mask=((r % (BT // 2)) == 0)[:, None] & (offs < K)[None, :], other=0.0))
+        else:
+            b = _token_tile(v, inv, X2, BK, BT)
+            v = _token_load(x_row, k + BK, K, BK)   # next step's (past K: zeros, no bytes)
         sc = ws
-        v = _token_load(x_row, k + BK, K, BK)   # next step's (past K: zeros, no bytes)
         ws = tl.load(s_row + (k + BK) // BK, mask=k + BK < k_hi, other=0.0)
         if DOT_F32:
             d = tl.dot(w.to(tl.float32), b.to(tl.float32), input_precision="ieee")
@@ -107,6 +124,16 @@ def _row_dot8(w_ptrs, x_row, s_row, k_lo, k_hi, K, BN: tl.constexpr, BK: tl.cons
         acc += d * sc
     col = tl.arange(0, BT)
     return tl.sum(acc * tl.where(col == 0, s, tl.where(col == BT // 2, s / 16.0, 0.0))[None, :], 1)
+
+
+@triton.jit
+def _store_hq(h, q_row, cols, n_ok, I, hs):
+    """h [BN / 2] fp32 -> e4m3 hi = e4m3(h / hs) at q_row + cols, lo = e4m3((h / hs - hi) * 16) at q_row + I +
+    cols. hs fixed: |h| <= (limit + 1) * limit (clamped SwiGLU), hs = that / 448, no per-row max needed."""
+    t = h / hs
+    hi = t.to(tl.float8e4nv)
+    tl.store(q_row + cols, hi, mask=n_ok)
+    tl.store(q_row + I + cols, ((t - hi.to(tl.float32)) * 16.0).to(tl.float8e4nv), mask=n_ok)
 
 
 @triton.jit
@@ -126,9 +153,9 @@ def _local_pairs(ids_ptr, P, offset, E, PB: tl.constexpr):
 
 @triton.jit
 def wg_gate_up_kernel(x_ptr, ids_ptr, w_ptr, s_ptr, b_ptr, h_ptr, K, N, P, offset, E, stride_x, stride_we,
-                      stride_wn, stride_se, stride_sn, stride_be, stride_h, limit, alpha,
+                      stride_wn, stride_se, stride_sn, stride_be, stride_h, limit, alpha, hs,
                       TOPK: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr, BT: tl.constexpr, X2: tl.constexpr,
-                      KP: tl.constexpr, EVEN_K: tl.constexpr, DOT_F32: tl.constexpr):
+                      KP: tl.constexpr, EVEN_K: tl.constexpr, DOT_F32: tl.constexpr, HQ: tl.constexpr):
     pid = tl.program_id(0)
     j = pid % P
     tile = pid // P
@@ -141,21 +168,25 @@ def wg_gate_up_kernel(x_ptr, ids_ptr, w_ptr, s_ptr, b_ptr, h_ptr, K, N, P, offse
     w_ptrs = w_ptr + e64 * stride_we + rows_c[:, None].to(tl.int64) * stride_wn + tl.arange(0, BK)[None, :]
     s_row = s_ptr + e64 * stride_se + ((tile * BN) // 128) * stride_sn
     x_row = x_ptr + (j // TOPK).to(tl.int64) * stride_x
-    v = _row_dot8(w_ptrs, x_row, s_row, 0, K, K, BN, BK, BT, KP, X2, EVEN_K, DOT_F32)
+    v = _row_dot8(w_ptrs, x_row, s_row, 0, K, K, hs, BN, BK, BT, KP, X2, EVEN_K, DOT_F32, False)
     v = (v + tl.load(b_ptr + e64 * stride_be + rows_c).to(tl.float32)).to(tl.bfloat16).to(tl.float32)
     gate, up = tl.split(tl.reshape(v, (BN // 2, 2)))
     gate = tl.minimum(gate, limit)
     up = tl.minimum(tl.maximum(up, -limit), limit)
     h = (up + 1.0) * (gate * tl.sigmoid(alpha * gate))
     cols = tile * (BN // 2) + tl.arange(0, BN // 2)
-    tl.store(h_ptr + j * stride_h + cols, h.to(h_ptr.dtype.element_ty), mask=cols < N // 2)
+    if HQ:   # h_ptr: the e4m3 view [P, 2 * I] of h (stride_h = 2I)
+        _store_hq(h, h_ptr + j * stride_h, cols, cols < N // 2, N // 2, hs)
+    else:
+        tl.store(h_ptr + j * stride_h + cols, h.to(h_ptr.dtype.element_ty), mask=cols < N // 2)
 
 
 @triton.jit
 def wg_down_kernel(h_ptr, ids_ptr, wt_ptr, w_ptr, s_ptr, b_ptr, y_ptr, out_ptr, ticket_ptr, K, N, n_tiles, T, P,
-                   offset, E, stride_h, stride_we, stride_wn, stride_se, stride_sn, stride_be, stride_o,
+                   offset, E, stride_h, stride_we, stride_wn, stride_se, stride_sn, stride_be, stride_o, hs,
                    TOPK: tl.constexpr, PB: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr, BT: tl.constexpr,
-                   KP: tl.constexpr, X2: tl.constexpr, SPLIT: tl.constexpr, EVEN_K: tl.constexpr, DOT_F32: tl.constexpr):
+                   KP: tl.constexpr, X2: tl.constexpr, SPLIT: tl.constexpr, EVEN_K: tl.constexpr, DOT_F32: tl.constexpr,
+                   HQ: tl.constexpr):
     pid = tl.program_id(0)
     sp = pid % SPLIT
     tile = (pid // SPLIT) % n_tiles
@@ -176,8 +207,8 @@ def wg_down_kernel(h_ptr, ids_ptr, wt_ptr, w_ptr, s_ptr, b_ptr, y_ptr, out_ptr, 
     s_row = s_ptr + e64 * stride_se + ((tile * BN) // 128) * stride_sn
     per = tl.cdiv(tl.cdiv(K, BK), SPLIT) * BK
     k_lo = sp * per
-    acc = _row_dot8(w_ptrs, h_ptr + j * stride_h, s_row, k_lo, tl.minimum(k_lo + per, K), K, BN, BK, BT, KP,
-                    X2, EVEN_K, DOT_F32)
+    acc = _row_dot8(w_ptrs, h_ptr + j * stride_h, s_row, k_lo, tl.minimum(k_lo + per, K), K, hs, BN, BK, BT, KP,
+                    X2, EVEN_K, DOT_F32, HQ)
     if sp == 0:
         acc += tl.load(b_ptr + e64 * stride_be + rows_c).to(tl.float32)
     y = acc * tl.load(wt_ptr + j).to(tl.float32)
@@ -194,24 +225,38 @@ def check_tiles(t) -> None:
                          f"got {t.bn_gate_up} / {t.bn_down}, {t.wg}, {t.wg_split_down}")
 
 
+def _hq(run):
+    """h as the kernels take it: with ``wg_hq`` the e4m3 view [P, 2I] of the fp16 buffer [P, I] (hi, lo rows)."""
+    return run.h.view(torch.float8_e4m3fn) if run.tiles.wg_hq else run.h
+
+
+def _h_scale(run) -> float:
+    """hq's hi scale: |h| <= (limit + 1) * limit (clamped SwiGLU) maps onto e4m3's 448."""
+    if run.tiles.wg_hq and not 0 < run.limit <= 16:
+        raise ValueError(f"wg_hq needs a SwiGLU limit in (0, 16] (h bounded by (limit + 1) * limit), got {run.limit}")
+    return (run.limit + 1.0) * run.limit / 448.0
+
+
 def launch_gate_up(run, alpha: float, dot_f32: bool) -> None:
     """gate_up of a ``MoeSplit`` (``run``) on ``wg_gate_up_kernel``: P * ceil(2I / BN) programs."""
     ex, t = run.ex, run.tiles
     check_tiles(t)
     w, s, b = ex.gate_up, ex.gate_up_scale, ex.gate_up_bias
+    h = _hq(run)
     wg_gate_up_kernel[(run.P * run.nt1,)](
-        run.x, run.ids, w, s, b, run.h, run.H, 2 * run.I, run.P, run.offset, run.E, run.x.stride(0), w.stride(0),
-        w.stride(1), s.stride(0), s.stride(1), b.stride(0), run.h.stride(0), run.limit, alpha,
+        run.x, run.ids, w, s, b, h, run.H, 2 * run.I, run.P, run.offset, run.E, run.x.stride(0), w.stride(0),
+        w.stride(1), s.stride(0), s.stride(1), b.stride(0), h.stride(0), run.limit, alpha, _h_scale(run),
         TOPK=run.k, BN=t.bn_gate_up, BK=128, BT=16, KP=triton.next_power_of_2(run.H), X2=t.wg, EVEN_K=run.H % 128 == 0, DOT_F32=dot_f32,
-        num_warps=t.warps, num_stages=t.wg_stages)
+        HQ=t.wg_hq, num_warps=t.warps, num_stages=t.wg_stages)
 
 
 def launch_down(run, dot_f32: bool) -> None:
     """down + combine of a ``MoeSplit`` on ``wg_down_kernel``: P * ceil(H / BN) * s2 programs."""
     ex, t = run.ex, run.tiles
     w, s, b = ex.down, ex.down_scale, ex.down_bias
+    h = _hq(run)
     wg_down_kernel[(run.P * run.nt2 * run.s2,)](
-        run.h, run.ids, run.weights, w, s, b, run.y, run.out, run.tickets2, run.I, run.H, run.nt2, run.T, run.P,
-        run.offset, run.E, run.h.stride(0), w.stride(0), w.stride(1), s.stride(0), s.stride(1), b.stride(0),
-        run.out.stride(0), TOPK=run.k, PB=run.pb, BN=t.bn_down, BK=128, BT=16, KP=triton.next_power_of_2(run.I), X2=t.wg, SPLIT=run.s2,
-        EVEN_K=run.I % 128 == 0, DOT_F32=dot_f32, num_warps=t.warps_down or t.warps, num_stages=t.wg_stages)
+        h, run.ids, run.weights, w, s, b, run.y, run.out, run.tickets2, run.I, run.H, run.nt2, run.T, run.P,
+        run.offset, run.E, h.stride(0), w.stride(0), w.stride(1), s.stride(0), s.stride(1), b.stride(0),
+        run.out.stride(0), _h_scale(run), TOPK=run.k, PB=run.pb, BN=t.bn_down, BK=128, BT=16, KP=triton.next_power_of_2(run.I), X2=t.wg, SPLIT=run.s2,
+        EVEN_K=run.I % 128 == 0, DOT_F32=dot_f32, HQ=t.wg_hq, num_warps=t.warps_down or t.warps, num_stages=t.wg_stages)
