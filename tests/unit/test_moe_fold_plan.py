@@ -101,7 +101,7 @@ import sys, torch
 sys.path.insert(0, {tests!r})
 from test_moe_fold_plan import CASES, aligned
 from dayzero.kernels.gluon_moe_fold_info import fold_info
-from dayzero.kernels.gluon_moe_fold_plan import ABSORBED, FOLD, fold_plan
+from dayzero.kernels.gluon_moe_fold_plan import ABSORBED, FOLD, HALF, fold_plan
 from dayzero.kernels.triton_moe_align import AlignedPairs
 for counts in CASES + [[300] * 40]:
     for tail, max_rows in ((16, 64), (16, 127), (32, 64), (16, 20)):
@@ -110,7 +110,7 @@ for counts in CASES + [[300] * 40]:
         info = fold_info(al, tail, max_rows)
         kind, rows = fold_plan(ids, be, P, tail, max_rows)
         used = kind.numel()
-        want = torch.where(kind == FOLD, rows * 4 + 1, torch.where(kind == ABSORBED, 2, 0))
+        want = torch.where(kind == FOLD, rows * 4 + 1, torch.where(kind == ABSORBED, 2, torch.where(kind == HALF, 3, 0)))
         assert info[:used].long().tolist() == want.tolist(), (counts, tail)
         assert (info[used:] == 0).all()
 print("ok")

@@ -1,22 +1,19 @@
-"""128-row Gluon MoE GEMM with folded tails (``GluonConfig.fold``, opt-in; Hopper): the kernel of
-``gluon_moe_gemm128`` (read its docstring) plus a third tile kind.
+"""128-row Gluon MoE GEMM with folded tails (``GluonConfig.fold``, opt-in ``BM128_FOLD16``; Hopper): the kernel
+of ``gluon_moe_gemm128`` (read its docstring) plus two tile kinds.
 
 Random routing leaves most experts a short tail: at 8192 tokens x top-4 over 128 experts an expert gets
-256 +- 16 rows, so half of them end in a block of 1-16 real rows. ``BM128`` runs such a block as a half
-tile that streams the expert's whole W tile again (32 KB a K step) for a few rows (bench/NOTES.md, "Where
-Gluon MoE prefill stands after session 6": 1472 + 768 half tiles, the GEMMs 0.29 ms slower than balanced).
-Here the tile of an expert's last full block also takes the first TT rows (16 or 32) of the expert's next
-block when that block holds at most TT real rows: per K step the producer loads A [128, 128] + the tail
-A [TT, 128] (+ its scales) + W once, and each consumer adds a swapped wgmma W block [128, 128] x
-A_tail^T [128, TT] (``gluon_moe_tile_fold``). The tail's own block is skipped by every partition.
-Kinds are derived in the kernel from the align output alone (no host sync, no align change), the same
-way by the producer and both consumers (``_kind``):
-  fold     = block_expert[b + 1] == block_expert[b] and sorted_ids[(b + 1) * 128 + TT] is padding;
-  absorbed = block_expert[b - 1] == block_expert[b] and sorted_ids[b * 128 + TT] is padding (= fold(b - 1));
-  else as ``gluon_moe_gemm128`` with HALF 0 (full tile, or half tile: the consumers split N).
+256 +- 16 rows, so half of them end in a block of a few real rows. ``BM128`` runs such a block as a half tile
+that streams the expert's whole W tile again (32 KB a K step) for those rows (bench/NOTES.md, "Gluon run 10").
+Here an expert whose last block t holds r <= min(TT * F, fold_max) rows (F = its blocks before t, TT = 16) has
+block t *absorbed* (every partition skips it) and its j-th block, a full one, becomes a *fold* tile that also
+computes the tail rows [TT j, TT j + TT) of block t: per K step the producer loads A [128, 128] + the tail
+A [TT, 128] (+ its scales) + W once, and each consumer adds a swapped wgmma W block [128, 128] x A_tail^T
+[128, TT] (``gluon_moe_tile_fold``). The kinds come from ``gluon_moe_fold_info`` (one Triton launch after
+align: info[b] = kind + 4 * the tail slice's first row), read with the block's expert id; everything else
+is as ``gluon_moe_gemm128`` with HALF 0 (kind 0 full tile, kind 3 half tile: the consumers split N).
 Rows of the full blocks are computed by the same instructions as ``BM128``'s (bitwise the same); the tail
-rows by the swapped product (same products and promotions; the tensor core's in-instruction sum order
-may differ). Imported only by ``gluon_moe_gemm_run`` when a fold configuration runs (Gluon path selected).
+rows by the swapped product (same products and promotions; the tensor core's in-instruction sum order may
+differ). Imported only by ``gluon_moe_gemm_run`` when a fold configuration runs (Gluon path selected).
 """
 
 from __future__ import annotations
@@ -41,8 +38,9 @@ TS = gl.constexpr(32)     # tail A scales per stage (one 128-byte TMA box)
 
 @gluon.jit
 def _kind(p, f, pid_m):
-    """(expert, kind, tail row) of M block pid_m from ``gluon_moe_fold_info``: kind 0 = as BM128, 1 = fold
-    (also the tail rows [tail row, + TT) of the expert's last block), 2 = absorbed (nothing to do)."""
+    """(expert, kind, tail row) of M block pid_m from ``gluon_moe_fold_info``: kind 0 = full tile, 1 = fold
+    (also the tail rows [tail row, + TT) of the expert's last block), 2 = absorbed (nothing to do), 3 = half
+    tile (as BM128 with HALF 0)."""
     e = gl.load(p[16] + pid_m)
     info = gl.load(f[4] + pid_m)
     return e, info & 3, info >> 2
@@ -87,10 +85,10 @@ def _produce(p, f, tile, it, num_pid_n, STAGES: gl.constexpr, GROUP_M: gl.conste
              OPT: gl.constexpr, TT: gl.constexpr):
     pid_m, pid_n = _tile_mn(tile, p[18], num_pid_n, p[28], GROUP_M, WALK)
     e, kind, trow = _kind(p, f, pid_m)
-    if kind == 0:
-        it = _load_tile(p, pid_m, pid_n, e, True, it, STAGES, 0, OPT)
-    elif kind == 1:
+    if kind == 1:
         it = _load_fold(p, f, pid_m, pid_n, e, trow, it, STAGES, OPT, TT)
+    elif kind != 2:
+        it = _load_tile(p, pid_m, pid_n, e, True, it, STAGES, 0, OPT)
     return it
 
 
@@ -126,10 +124,9 @@ def _consume(p, f, tile, it, hcount, num_pid_n, WG: gl.constexpr, EPI: gl.conste
     if kind == 1:
         it, hcount = _fold_tile(p, f, pid_m, pid_n, e, trow, it, hcount, WG, EPI, OPT, STAGES, TT)
     elif kind == 0:
-        if gl.load(p[15] + pid_m * BM + HM) < p[21]:                       # rows 64-127 hold a routed pair
-            it = _full_tile(p, pid_m, pid_n, e, it, WG, EPI, OPT, STAGES)
-        else:
-            it, hcount = _half_tile(p, pid_m, pid_n, e, it, hcount, WG, EPI, OPT, STAGES)
+        it = _full_tile(p, pid_m, pid_n, e, it, WG, EPI, OPT, STAGES)
+    elif kind == 3:                                                          # rows 64-127 all padding
+        it, hcount = _half_tile(p, pid_m, pid_n, e, it, hcount, WG, EPI, OPT, STAGES)
     return it, hcount
 
 

@@ -1,8 +1,8 @@
 """Per-M-block tile info of the folded-tail Gluon MoE GEMM (``gluon_moe_fold``): one small Triton launch after
 the align step (no host sync), from the alignment's sorted ids and expert runs (``AlignedPairs.block_span``),
-the rule of ``gluon_moe_fold_plan`` (read it). info[b] = kind (0 = as BM128, 1 = fold, 2 = absorbed) + 4 *
-the first sorted row of a fold block's tail slice: the GEMM reads one int32 a tile (issued with block_expert's
-load) instead of deriving it. Importing this module imports triton: only ``gluon_moe_gemm_run`` imports it,
+the rule of ``gluon_moe_fold_plan`` (read it). info[b] = kind (0 = full tile, 1 = fold, 2 = absorbed, 3 = half
+tile: rows 64-127 padding) + 4 * the first sorted row of a fold block's tail slice: the GEMM reads one int32 a
+tile, issued with block_expert's load (BM128 loads the block's sorted id 64 there instead). Importing this module imports triton: only ``gluon_moe_gemm_run`` imports it,
 when a fold configuration runs.
 """
 
@@ -32,7 +32,8 @@ def _fold_info_kernel(sorted_ids_ptr, span_ptr, block_expert_ptr, info_ptr, P, n
     j = b - first
     has = tl.load(sorted_ids_ptr + tb + tl.minimum(TT * j, BM - 1), mask=used, other=P) < P   # slice j has rows
     fold = folded & (b < last) & has
-    info = tl.where(fold, (tb + TT * j) * 4 + 1, tl.where(folded & (b == last), 2, 0))
+    half = tl.load(sorted_ids_ptr + b * BM + BM // 2, mask=used, other=0) >= P      # rows 64-127 padding
+    info = tl.where(fold, (tb + TT * j) * 4 + 1, tl.where(folded & (b == last), 2, tl.where(half, 3, 0)))
     tl.store(info_ptr + b, info, mask=ok)
 
 

@@ -1,7 +1,7 @@
 """Fold tile body of the 128-row Gluon MoE GEMM with folded tails (``gluon_moe_fold``; read its docstring):
-an expert's last full 128-row block and the first TT rows of its next block (the expert's tail, at most TT
-real rows) in one tile, so the tail shares the full block's W tile in shared memory instead of streaming
-the whole W tile again as a half tile.
+one of an expert's full 128-row blocks and a TT-row slice of the expert's short last block in one tile, so
+the slice shares the full block's W tile in shared memory instead of streaming the whole W tile again as a
+half tile.
 
 One consumer warpgroup WG per K step: the full block's rows [64 WG, 64 WG + 64) x both weight blocks exactly
 as ``gluon_moe_tile128._k_loop`` (bitwise the same promotions), then the tail as a swapped product
