@@ -92,16 +92,18 @@ def _row_dot8(w_ptrs, x_row, s_row, k_lo, k_hi, K, hs, BN: tl.constexpr, BK: tl.
     tiles go through the pipeliner's cp.async ring; the token block and the block scale are loaded one
     step ahead into registers (not dot operands: the pipeliner leaves them next to their use).
     ``HQ``: x_row is already e4m3 [2, K] (hi, lo rows of scale hs, hs / 16: ``_store_hq``): B [BT, BK] is loaded
-    as a dot operand (rows 0 and BT / 2, the others masked: no bytes), through the same cp.async ring."""
+    as a dot operand (rows 0 and BT / 2, the others masked: no bytes), through the same cp.async ring, and each
+    step's dot is scaled by its block scale. Else the block scale is folded into the token before it is
+    quantized (x * ws / (s * max ws): the dots accumulate in place, no FMAs or wgmma wait per step)."""
+    r = tl.arange(0, BT)
     if HQ:
         s = hs
     else:
-        s = _token_scale(x_row, K, KP)
+        q = tl.arange(0, KP // BK)
+        s = _token_scale(x_row, K, KP) * tl.max(tl.load(s_row + q, mask=q < tl.cdiv(K, BK), other=0.0), 0)
+        v = _token_load(x_row, k_lo, K, BK)
     inv = 1.0 / s
     acc = tl.zeros((BN, BT), dtype=tl.float32)
-    r = tl.arange(0, BT)
-    if not HQ:
-        v = _token_load(x_row, k_lo, K, BK)
     ws = tl.load(s_row + k_lo // BK, mask=k_lo < k_hi, other=0.0)
     for k in range(k_lo, k_hi, BK):
         if EVEN_K:
@@ -113,17 +115,18 @@ def _row_dot8(w_ptrs, x_row, s_row, k_lo, k_hi, K, hs, BN: tl.constexpr, BK: tl.
             b = tl.trans(tl.load(x_row + (r // (BT // 2))[:, None] * K + offs[None, :],
                                  mask=((r % (BT // 2)) == 0)[:, None] & (offs < K)[None, :], other=0.0))
         else:
-            b = _token_tile(v, inv, X2, BK, BT)
+            b = _token_tile(v * ws, inv, X2, BK, BT)
             v = _token_load(x_row, k + BK, K, BK)   # next step's (past K: zeros, no bytes)
         sc = ws
         ws = tl.load(s_row + (k + BK) // BK, mask=k + BK < k_hi, other=0.0)
         if DOT_F32:
             d = tl.dot(w.to(tl.float32), b.to(tl.float32), input_precision="ieee")
+            acc += d * sc if HQ else d
+        elif HQ:
+            acc += tl.dot(w, b) * sc
         else:
-            d = tl.dot(w, b)
-        acc += d * sc
-    col = tl.arange(0, BT)
-    return tl.sum(acc * tl.where(col == 0, s, tl.where(col == BT // 2, s / 16.0, 0.0))[None, :], 1)
+            acc = tl.dot(w, b, acc)
+    return tl.sum(acc * tl.where(r == 0, s, tl.where(r == BT // 2, s / 16.0, 0.0))[None, :], 1)
 
 
 @triton.jit
