@@ -4,10 +4,11 @@ the shipped 128-row configuration ``BM128``.
 Every case: the bounds of tests/kernels/test_moe_gluon_gpu.py (``check``: fresh random inputs, the allocator's
 free memory NaN-poisoned, every routed pair's y row written, the Gluon kernels ran); the y rows of every pair
 outside an expert's folded tail bitwise equal to BM128's (the same instructions compute them), the tail pairs'
-rows close to BM128's (a swapped wgmma computes them); and the alignment holds the tile kinds the case is
-for (``gluon_moe_fold_plan.fold_counts``), so a case cannot pass without exercising the fold tiles.
-Routing: exact per-expert counts (tails of 1, 16 = TT, 17 = TT + 1 rows, single-block experts, an exact
-128), random (E = 32: 256 +- 16 rows an expert, as the 120B bench), skewed, balanced (no tails), and
+rows close to BM128's (a swapped wgmma computes them); the tile kinds written on the GPU
+(``gluon_moe_fold_info``) equal the torch plan's, and the alignment holds the kinds the case is for
+(``gluon_moe_fold_plan.fold_counts``), so a case cannot pass without exercising the fold tiles.
+Routing: exact per-expert counts (tails of 1 to 100 rows after 1, 2 or 7 full blocks, single-block experts,
+an exact 128), random (E = 32: 256 +- 16 rows an expert, as the 120B bench), skewed, balanced (no tails), and
 H = 208 / I = 336 (N tails inside a tile: the second weight block past N).
 """
 
@@ -60,7 +61,7 @@ def _tail_pairs(run, cfg) -> torch.Tensor:
 
 def fold_case(x, w, ids, q, d, cfg, min_fold: int = 1):
     """``check`` bounds; BM128 bitwise outside the tails, close on them; returns the fold run's FoldCounts."""
-    from dayzero.kernels.gluon_moe_fold_plan import fold_counts
+    from dayzero.kernels.gluon_moe_fold_plan import ABSORBED, FOLD, HALF, fold_counts, fold_plan
     from dayzero.kernels.gluon_moe_gemm_run import BM128, GluonMoeRun
     from test_moe_gluon_gpu import check
 
@@ -73,6 +74,9 @@ def fold_case(x, w, ids, q, d, cfg, min_fold: int = 1):
         runs.append(run)
     fold, ship = runs
     counts = fold_counts(fold.al.sorted_ids, fold.al.block_expert, fold.al.num_pairs, cfg.fold, cfg.fold_max)
+    kind, rows = fold_plan(fold.al.sorted_ids, fold.al.block_expert, fold.al.num_pairs, cfg.fold, cfg.fold_max)
+    want = torch.where(kind == FOLD, rows * 4 + 1, torch.where(kind == ABSORBED, 2, torch.where(kind == HALF, 3, 0)))
+    assert fold.fold_info[:kind.numel()].long().cpu().tolist() == want.tolist(), "GPU tile kinds != the torch plan"
     assert counts.fold >= min_fold and counts.absorbed <= counts.fold, counts
     tails = _tail_pairs(fold, cfg) | _tail_pairs(ship, cfg)
     local = (ids.reshape(-1) >= fold.offset) & (ids.reshape(-1) < fold.offset + fold.E)
