@@ -6,7 +6,7 @@ path's (``triton_moe.LARGE``: x quantized 1x128 into sorted order), with align b
 tile rows: 64 (``gluon_moe_gemm``) or 128 (``GluonConfig.bm = 128``: ``gluon_moe_gemm128``); with
 ``GluonConfig.glue`` align and quantization run as one step of three launches
 (``triton_moe_align.align_quant_pairs``); with ``GluonConfig.fold`` (opt-in, ``BM128_FOLD16``) the 128-row
-GEMMs run ``gluon_moe_fold`` (an expert's short tail block computed in the tile of its last full block).
+GEMMs run ``gluon_moe_fold`` (an expert's short tail block computed in the tiles of its full blocks).
 Operands the kernel cannot take (TMA alignment, non-contiguous weights) fall back to the Triton GEMMs.
 Importing this module imports triton's Gluon: callers import it only when the Gluon path is selected.
 """
