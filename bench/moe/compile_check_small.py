@@ -67,6 +67,8 @@ def check(kernel, consts: dict, warps: int = 4, stages: int = 4, maxnreg: int = 
     types = dict(TYPES, h_ptr="*fp16") if consts.get("H16") or "X2" in consts else TYPES
     if consts.get("HQ"):   # wg tiles with wg_hq: h handed over as e4m3 rows
         types = dict(types, h_ptr="*fp8e4nv")
+    if consts.get("TMA"):  # wg tiles with wg_tma: the weights as a TMA descriptor of [E, N, K]
+        types = dict(types, w_ptr=f"tensordesc<fp8e4nv[1, {consts['BN']}, 128]>")
     sig = {n: ("constexpr" if n in consts else types.get(n, "i32")) for n in kernel.arg_names}
     attrs = {(i,): [["tt.divisibility", 16]] for i, n in enumerate(kernel.arg_names)
              if n not in consts and n not in NOT_DIV16}
@@ -97,7 +99,7 @@ def split_configs(labels=None):
                 continue
             if t.wg:   # T = 1 on the FP8 tensor-core kernels (triton_moe_small_wg), 20B: K = 2880
                 consts = dict(TOPK=4, BN=t.bn_gate_up if kern is S.gate_up_kernel else t.bn_down, BK=128, BT=16,
-                              KP=4096, X2=t.wg, EVEN_K=False, DOT_F32=False, HQ=t.wg_hq)
+                              KP=4096, X2=t.wg, EVEN_K=False, DOT_F32=False, HQ=t.wg_hq, TMA=t.wg_tma)
                 if kern is S.down_kernel:
                     consts.update(PB=16, SPLIT=t.wg_split_down)
                 wk = WG.wg_gate_up_kernel if kern is S.gate_up_kernel else WG.wg_down_kernel

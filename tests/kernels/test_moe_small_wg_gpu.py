@@ -63,7 +63,7 @@ def test_wg_one_term_token_is_coarser():
     assert two < 0.5 * one and one <= 1.5 * e_ref + 2e-3, (one, two, e_ref)
 
 
-@pytest.mark.parametrize("variant", ["wg_d64", "wg128_d128_s4", "wg_d64_s2_q"])
+@pytest.mark.parametrize("variant", ["wg_d64", "wg128_d128_s4", "wg_d64_s2_q", "wg128_d128_s4_qt"])
 @pytest.mark.parametrize("local_routes", [0, 2])
 def test_wg_expert_parallel_slice(local_routes, variant):
     # this rank owns experts 8..15: routes elsewhere are skipped (the down tickets count local pairs x splits);
@@ -100,7 +100,7 @@ def test_wg_two_tokens_per_pair(repeated, variant):
 
 
 @pytest.mark.parametrize("T,variant", [(1, "wg_d64_s2"), (1, "wg128_d128_s4"), (2, "wg2_d64_s2"),
-                                       (1, "wg128_d128_s4_q"), (2, "wg2_d64_s2_q")])
+                                       (1, "wg128_d128_s4_q"), (2, "wg2_d64_s2_q"), (1, "wg_d64_s2_qt")])
 def test_wg_deterministic_and_graph_replay_equals_eager(T, variant):
     from dayzero.kernels.triton_moe_small_split import MoeSplit, moe_split
 

@@ -91,6 +91,7 @@ class SplitTiles:
     wg_stages: int = 4
     wg_split_down: int = 1
     wg_hq: bool = False          # gate_up writes h as e4m3 hi + lo rows (fixed scale): down loads them as its B
+    wg_tma: bool = False         # the weight tiles through TMA (host descriptors) instead of per-thread cp.async
 
 
 # Candidate launch configurations (the GPU tests check each; the bench times each at every T).

@@ -48,6 +48,9 @@ WG_VARIANTS = {
     "wg_d64_s2_q": dict(bn_gate_up=64, bn_down=64, wg_split_down=2, wg_hq=True, **_WG),
     "wg128_d128_s4_q": dict(bn_gate_up=128, bn_down=128, wg_split_down=4, wg_hq=True, **_WG),
     "wg2_d64_s2_q": dict(bn_gate_up=64, bn_down=64, wg_split_down=2, gemv_max_t=2, wg_hq=True, **_WG),
+    # _t: the weight tiles through TMA (one bulk copy per tile and step instead of 4-8 cp.async per thread)
+    "wg_d64_s2_qt": dict(bn_gate_up=64, bn_down=64, wg_split_down=2, wg_hq=True, wg_tma=True, **_WG),
+    "wg128_d128_s4_qt": dict(bn_gate_up=128, bn_down=128, wg_split_down=4, wg_hq=True, wg_tma=True, **_WG),
 }
 
 
@@ -85,10 +88,12 @@ def _token_tile(v, inv, X2: tl.constexpr, BK: tl.constexpr, BT: tl.constexpr):
 
 
 @triton.jit
-def _row_dot8(w_ptrs, x_row, s_row, k_lo, k_hi, K, hs, BN: tl.constexpr, BK: tl.constexpr, BT: tl.constexpr,
-              KP: tl.constexpr, X2: tl.constexpr, EVEN_K: tl.constexpr, DOT_F32: tl.constexpr, HQ: tl.constexpr):
-    """[BN] fp32 = sum over k in [k_lo, k_hi) of w[n, k] * x[k] (w: FP8 rows at ``w_ptrs`` + k, the [BN, BK]
-    pointers of k = 0; one block scale per step at ``s_row`` + k // 128; BK = 128; x: KP >= K). The weight
+def _row_dot8(w_src, e, row0, x_row, s_row, k_lo, k_hi, K, hs, BN: tl.constexpr, BK: tl.constexpr,
+              BT: tl.constexpr, KP: tl.constexpr, X2: tl.constexpr, EVEN_K: tl.constexpr, DOT_F32: tl.constexpr,
+              HQ: tl.constexpr, TMA: tl.constexpr):
+    """[BN] fp32 = sum over k in [k_lo, k_hi) of w[n, k] * x[k] (w: FP8 rows at ``w_src`` + k, the [BN, BK]
+    pointers of k = 0, or with ``TMA`` a descriptor of the [E, N, K] weights read at [e, row0, k]: one bulk copy per
+    tile, zeros past N and K; one block scale per step at ``s_row`` + k // 128; BK = 128; x: KP >= K). The weight
     tiles go through the pipeliner's cp.async ring; the token block and the block scale are loaded one
     step ahead into registers (not dot operands: the pipeliner leaves them next to their use).
     ``HQ``: x_row is already e4m3 [2, K] (hi, lo rows of scale hs, hs / 16: ``_store_hq``): B [BT, BK] is loaded
@@ -106,10 +111,12 @@ def _row_dot8(w_ptrs, x_row, s_row, k_lo, k_hi, K, hs, BN: tl.constexpr, BK: tl.
     acc = tl.zeros((BN, BT), dtype=tl.float32)
     ws = tl.load(s_row + k_lo // BK, mask=k_lo < k_hi, other=0.0)
     for k in range(k_lo, k_hi, BK):
-        if EVEN_K:
-            w = tl.load(w_ptrs + k)
+        if TMA:
+            w = tl.reshape(w_src.load([e, row0, k]), (BN, BK))
+        elif EVEN_K:
+            w = tl.load(w_src + k)
         else:
-            w = tl.load(w_ptrs + k, mask=(k + tl.arange(0, BK) < K)[None, :], other=0.0)
+            w = tl.load(w_src + k, mask=(k + tl.arange(0, BK) < K)[None, :], other=0.0)
         if HQ:
             offs = k + tl.arange(0, BK)
             b = tl.trans(tl.load(x_row + (r // (BT // 2))[:, None] * K + offs[None, :],
@@ -158,7 +165,8 @@ def _local_pairs(ids_ptr, P, offset, E, PB: tl.constexpr):
 def wg_gate_up_kernel(x_ptr, ids_ptr, w_ptr, s_ptr, b_ptr, h_ptr, K, N, P, offset, E, stride_x, stride_we,
                       stride_wn, stride_se, stride_sn, stride_be, stride_h, limit, alpha, hs,
                       TOPK: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr, BT: tl.constexpr, X2: tl.constexpr,
-                      KP: tl.constexpr, EVEN_K: tl.constexpr, DOT_F32: tl.constexpr, HQ: tl.constexpr):
+                      KP: tl.constexpr, EVEN_K: tl.constexpr, DOT_F32: tl.constexpr, HQ: tl.constexpr,
+                      TMA: tl.constexpr = False):
     pid = tl.program_id(0)
     j = pid % P
     tile = pid // P
@@ -168,10 +176,13 @@ def wg_gate_up_kernel(x_ptr, ids_ptr, w_ptr, s_ptr, b_ptr, h_ptr, K, N, P, offse
     e64 = e.to(tl.int64)
     rows = tile * BN + tl.arange(0, BN)
     rows_c = tl.where(rows < N, rows, 0)
-    w_ptrs = w_ptr + e64 * stride_we + rows_c[:, None].to(tl.int64) * stride_wn + tl.arange(0, BK)[None, :]
+    if TMA:
+        w_src = w_ptr
+    else:
+        w_src = w_ptr + e64 * stride_we + rows_c[:, None].to(tl.int64) * stride_wn + tl.arange(0, BK)[None, :]
     s_row = s_ptr + e64 * stride_se + ((tile * BN) // 128) * stride_sn
     x_row = x_ptr + (j // TOPK).to(tl.int64) * stride_x
-    v = _row_dot8(w_ptrs, x_row, s_row, 0, K, K, hs, BN, BK, BT, KP, X2, EVEN_K, DOT_F32, False)
+    v = _row_dot8(w_src, e, tile * BN, x_row, s_row, 0, K, K, hs, BN, BK, BT, KP, X2, EVEN_K, DOT_F32, False, TMA)
     v = (v + tl.load(b_ptr + e64 * stride_be + rows_c).to(tl.float32)).to(tl.bfloat16).to(tl.float32)
     gate, up = tl.split(tl.reshape(v, (BN // 2, 2)))
     gate = tl.minimum(gate, limit)
@@ -189,7 +200,7 @@ def wg_down_kernel(h_ptr, ids_ptr, wt_ptr, w_ptr, s_ptr, b_ptr, y_ptr, out_ptr, 
                    offset, E, stride_h, stride_we, stride_wn, stride_se, stride_sn, stride_be, stride_o, hs,
                    TOPK: tl.constexpr, PB: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr, BT: tl.constexpr,
                    KP: tl.constexpr, X2: tl.constexpr, SPLIT: tl.constexpr, EVEN_K: tl.constexpr, DOT_F32: tl.constexpr,
-                   HQ: tl.constexpr):
+                   HQ: tl.constexpr, TMA: tl.constexpr = False):
     pid = tl.program_id(0)
     sp = pid % SPLIT
     tile = (pid // SPLIT) % n_tiles
@@ -206,12 +217,15 @@ def wg_down_kernel(h_ptr, ids_ptr, wt_ptr, w_ptr, s_ptr, b_ptr, y_ptr, out_ptr, 
         return
     e64 = e.to(tl.int64)
     rows_c = tl.where(n_ok, rows, 0)
-    w_ptrs = w_ptr + e64 * stride_we + rows_c[:, None].to(tl.int64) * stride_wn + tl.arange(0, BK)[None, :]
+    if TMA:
+        w_src = w_ptr
+    else:
+        w_src = w_ptr + e64 * stride_we + rows_c[:, None].to(tl.int64) * stride_wn + tl.arange(0, BK)[None, :]
     s_row = s_ptr + e64 * stride_se + ((tile * BN) // 128) * stride_sn
     per = tl.cdiv(tl.cdiv(K, BK), SPLIT) * BK
     k_lo = sp * per
-    acc = _row_dot8(w_ptrs, h_ptr + j * stride_h, s_row, k_lo, tl.minimum(k_lo + per, K), K, hs, BN, BK, BT, KP,
-                    X2, EVEN_K, DOT_F32, HQ)
+    acc = _row_dot8(w_src, e, tile * BN, h_ptr + j * stride_h, s_row, k_lo, tl.minimum(k_lo + per, K), K, hs, BN,
+                    BK, BT, KP, X2, EVEN_K, DOT_F32, HQ, TMA)
     if sp == 0:
         acc += tl.load(b_ptr + e64 * stride_be + rows_c).to(tl.float32)
     y = acc * tl.load(wt_ptr + j).to(tl.float32)
@@ -233,6 +247,21 @@ def _hq(run):
     return run.h.view(torch.float8_e4m3fn) if run.tiles.wg_hq else run.h
 
 
+def _tma(run, w: torch.Tensor) -> bool:
+    """``wg_tma`` where TMA can read the weights: rows of a multiple of 16 bytes (else per-thread cp.async)."""
+    return run.tiles.wg_tma and w.shape[-1] % 16 == 0 and w.is_contiguous()
+
+
+def _weights(w: torch.Tensor, bn: int, tma: bool):
+    """The weights as the kernels take them: the tensor, or (``wg_tma``) a TMA descriptor of [E, N, K] with
+    [1, bn, 128] boxes (host-built: a kernel parameter, captured by value in CUDA graphs)."""
+    if not tma:
+        return w
+    from triton.tools.tensor_descriptor import TensorDescriptor
+
+    return TensorDescriptor.from_tensor(w, [1, bn, 128])
+
+
 def _h_scale(run) -> float:
     """hq's hi scale: |h| <= (limit + 1) * limit (clamped SwiGLU) maps onto e4m3's 448."""
     if run.tiles.wg_hq and not 0 < run.limit <= 16:
@@ -247,10 +276,10 @@ def launch_gate_up(run, alpha: float, dot_f32: bool) -> None:
     w, s, b = ex.gate_up, ex.gate_up_scale, ex.gate_up_bias
     h = _hq(run)
     wg_gate_up_kernel[(run.P * run.nt1,)](
-        run.x, run.ids, w, s, b, h, run.H, 2 * run.I, run.P, run.offset, run.E, run.x.stride(0), w.stride(0),
+        run.x, run.ids, _weights(w, t.bn_gate_up, _tma(run, w)), s, b, h, run.H, 2 * run.I, run.P, run.offset, run.E, run.x.stride(0), w.stride(0),
         w.stride(1), s.stride(0), s.stride(1), b.stride(0), h.stride(0), run.limit, alpha, _h_scale(run),
         TOPK=run.k, BN=t.bn_gate_up, BK=128, BT=16, KP=triton.next_power_of_2(run.H), X2=t.wg, EVEN_K=run.H % 128 == 0, DOT_F32=dot_f32,
-        HQ=t.wg_hq, num_warps=t.warps, num_stages=t.wg_stages)
+        HQ=t.wg_hq, TMA=_tma(run, w), num_warps=t.warps, num_stages=t.wg_stages)
 
 
 def launch_down(run, dot_f32: bool) -> None:
@@ -259,7 +288,7 @@ def launch_down(run, dot_f32: bool) -> None:
     w, s, b = ex.down, ex.down_scale, ex.down_bias
     h = _hq(run)
     wg_down_kernel[(run.P * run.nt2 * run.s2,)](
-        h, run.ids, run.weights, w, s, b, run.y, run.out, run.tickets2, run.I, run.H, run.nt2, run.T, run.P,
+        h, run.ids, run.weights, _weights(w, t.bn_down, _tma(run, w)), s, b, run.y, run.out, run.tickets2, run.I, run.H, run.nt2, run.T, run.P,
         run.offset, run.E, h.stride(0), w.stride(0), w.stride(1), s.stride(0), s.stride(1), b.stride(0),
         run.out.stride(0), _h_scale(run), TOPK=run.k, PB=run.pb, BN=t.bn_down, BK=128, BT=16, KP=triton.next_power_of_2(run.I), X2=t.wg, SPLIT=run.s2,
-        EVEN_K=run.I % 128 == 0, DOT_F32=dot_f32, HQ=t.wg_hq, num_warps=t.warps_down or t.warps, num_stages=t.wg_stages)
+        EVEN_K=run.I % 128 == 0, DOT_F32=dot_f32, HQ=t.wg_hq, TMA=_tma(run, w), num_warps=t.warps_down or t.warps, num_stages=t.wg_stages)
