@@ -5,14 +5,15 @@ Why: at T = 1-2 the CUDA-core GEMV (``triton_moe_small_gemv``) spends ~140 instr
 FP8 weights (every byte loaded into registers, widened and FMA'd) and the fp16 MMA tiles ~90-190 (FP8 ->
 fp16 fragments), so gate_up is issue-bound (run 11: 22.9 us for 66 MB). Here the weights never pass through
 registers: program = (N tile of BN weight rows, pair j[, K split]); each 128-wide K step copies the FP8
-tile [BN, 128] into shared memory (the pipeliner's cp.async ring, ``num_stages``) and feeds it as the A
-operand (M = BN rows, 64 per warpgroup) of an FP8 x FP8 dot (wgmma e4m3 on sm_90). The token is the B
-operand [128, BT = 16]: its 128 activations quantized in-kernel per step (one scale per 128, as the
-torch reference does): column 0 = hi = e4m3(x / s), with ``X2`` = 2 column 1 = lo = e4m3((x - hi * s) /
-s_lo) (the residual: ~8 bits of x, close to bf16); other columns zero. The padding costs no weight
-bytes (it is on the token side), and the tensor cores are idle anyway. Per step and thread: a few
-cp.async, one x element, the group max, the B tile store, the dot and [BN, BT] / 128 FMAs of the
-block scales (acc += dot * w_scale * [s_hi, s_lo, 0..]); the row value is the column sum at the end.
+tile [BN, 128] into shared memory (the pipeliner's cp.async ring, ``num_stages``; ``TMA``: one bulk copy per
+tile) and feeds it as the A operand (M = BN rows, 64 per warpgroup) of an FP8 x FP8 dot (QGMMA e4m3 on sm_90).
+The token is the B operand [128, BT = 16]: column 0 = hi = e4m3(x * ws / s), with ``X2`` = 2 column 8 = lo =
+e4m3((x * ws / s - hi) * 16) (the residual: ~8 bits of x, close to bf16); the other columns zero: the padding
+costs no weight bytes (it is on the token side; the tensor cores are idle anyway). s = max |x| * max ws / 448
+(one pass over the row first); folding the step's block scale ws into the token lets the dots accumulate in
+place. ``HQ`` (down): gate_up wrote h as e4m3 hi / lo rows of a fixed scale (|h| <= (limit + 1) * limit), so
+down loads its B tile as a dot operand (no token work per step). sm_90 builds: 30-64 instructions per warp
+and KB of weights in the K loops (bench/NOTES.md "MoE decode run 12").
   * ``wg_gate_up_kernel``: h[j, tile's I columns] = clamped SwiGLU of bf16(x_t W1[e_j]^T + b1) (gate
     even, up odd rows), t = j // TOPK; program id = tile * P + j (an expert's repeats adjacent: L2).
   * ``wg_down_kernel``: y[sp, j, rows] = partial (h[j] W2[e_j]^T [+ b2]) * routing weight over K split
