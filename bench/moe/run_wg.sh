@@ -14,8 +14,8 @@ steps=",${WG_STEPS:-tests,bench},"
 wg=$(python3 -c "from dayzero.kernels.triton_moe_small_wg import WG_VARIANTS; print(','.join(n for n in WG_VARIANTS if not n.startswith('wg2')))")
 # bench first (its compile workers fill Triton's cache for the tests too); T = 1: the wg2 tiles are wg_d64_s2(_q)
 # there; T = 2: only the wg2 tiles run wg kernels
-step bench 95 env MOE_SMALL_VARIANTS_T1="gvq_d32_r,$wg" MOE_SMALL_VARIANTS_T2="gvq2_d64_rp,gvq2_d64_r,wg2_d64_s2,wg2_d64_s2_q" \
+step bench 80 env MOE_SMALL_VARIANTS_T1="gvq_d32_r,$wg" MOE_SMALL_VARIANTS_T2="gvq2_d64_rp,gvq2_d64_r,wg2_d64_s2,wg2_d64_s2_q" \
   python3 bench/moe/bench_small.py --out "$OUT" --ts "${WG_TS:-1,2}"
-step tests 45 python3 -m pytest -q -n 2 -p no:cacheprovider --noconftest -o addopts="" \
+step tests 55 python3 -m pytest -q -n 2 -p no:cacheprovider --noconftest -o addopts="" \
   tests/kernels/test_moe_small_wg_gpu.py --junitxml "$OUT/wg-tests.xml"
 exit $rc
