@@ -1,0 +1,42 @@
+#!/usr/bin/env bash
+# The CPU-built candidates of session 6, tested and timed on the GPU in one call per area (attention <= ~400 s, moe <= ~310 s warm):
+#   bash bench/candidates.sh attention   decode TMA presets (attention/run_s6b.sh), then the Gluon window's
+#                                        K/V group ring pk3sr* beside pk3s (attention/gluon_window_run.sh)
+#   bash bench/candidates.sh moe         MoE prefill folded tails (moe/fold_run.sh), then the decode-MoE
+#                                        tensor-core wg tiles (moe/run_wg.sh)
+# Each part runs in its own $OUT/<part> folder under its own deadline; at the end every part's files are
+# packed into $OUT/<part>.tgz and its JSON also copied to $OUT (at most 8 files come back from a call).
+# Carry .devmeta (git rev-parse HEAD > .devmeta/commit). Decision rules: bench/NOTES.md, per candidate.
+set -u
+cd "$(dirname "$0")/.."
+OUT="${OUT:-out}"
+mkdir -p "$OUT"
+area="${1:?usage: bench/candidates.sh attention|moe}"
+rc=0
+part() {  # part NAME DEADLINE_S CMD...
+  local name=$1 cap=$2; shift 2
+  mkdir -p "$OUT/$name"
+  echo "=== $name ($(date -u +%H:%M:%S), cap ${cap}s)" | tee -a "$OUT/candidates.log"
+  OUT="$OUT/$name" DEADLINE_S=$cap DAYZERO_DEADLINE=$(( $(date +%s) + cap )) timeout -k 5 $(( cap + 10 )) "$@" \
+    > "$OUT/$name/part.log" 2>&1
+  local r=$?
+  tail -n 15 "$OUT/$name/part.log" >> "$OUT/candidates.log"
+  echo "=== $name rc=$r ($(date -u +%H:%M:%S))" | tee -a "$OUT/candidates.log"
+  [ "$r" = 0 ] || rc=1
+  find "$OUT/$name" -maxdepth 1 -name '*.json' -exec cp {} "$OUT/" \;
+  tar czf "$OUT/$name.tgz" -C "$OUT" "$name" && rm -rf "${OUT:?}/$name"
+}
+case "$area" in
+  attention)
+    part decode-tma 145 bash bench/attention/run_s6b.sh
+    part window-ring 240 env GLUON_WINDOW_CONFIGS=pk3s,pk3sr,pk3sr6,pk3sr3d,pk3s3d \
+      GLUON_WINDOW_REG_CFGS=pk3s,pk3sr,pk3sr6 GLUON_WINDOW_DIAG=pkL3,pkLr,pkL33d,pk3s_ns \
+      bash bench/attention/gluon_window_run.sh ;;
+  moe)
+    part moe-fold 150 bash bench/moe/fold_run.sh
+    part moe-wg 148 bash bench/moe/run_wg.sh ;;
+  *) echo "unknown area $area (attention|moe)"; exit 2 ;;
+esac
+sed -i -E "s#$(pwd)/#<repo>/#g; s#/(root|tmp)/[^ :]*#<path>#g" "$OUT/candidates.log"
+echo "candidates $area: rc=$rc" | tee -a "$OUT/candidates.log"
+exit $rc
