@@ -76,17 +76,46 @@ def inputs(T: int, E_global: int, H: int, seed: int, repeated: bool = False):
     return x, w, ids
 
 
+
+def ep_slice(a: ExpertWeights, offset: int, n: int) -> ExpertWeights:
+    """Experts [offset, offset + n) of ``a`` as an expert-parallel rank holds them."""
+    sl = slice(offset, offset + n)
+    return ExpertWeights(a.gate_up[sl], a.gate_up_bias[sl], a.down[sl], a.down_bias[sl],
+                         a.gate_up_scale[sl] if a.gate_up_scale is not None else None,
+                         a.down_scale[sl] if a.down_scale is not None else None,
+                         derived={"expert_offset": offset})
+
+
+def check_ep_slice(local_routes: int, tiles, seed: int, ready=None):
+    """T = 1 on a rank owning experts 8..15 of the 120B shapes: routes elsewhere are skipped (the down
+    tickets count only local pairs); none local: zeros. ``ready(x, w, ids, experts)`` asserts the path taken."""
+    from dayzero.kernels.triton_moe_small_split import moe_split
+
+    q, d = experts("120b")
+    E, H, _ = SHAPES["120b"]
+    x, w, _ = inputs(1, E, H, seed=seed)
+    ids = torch.tensor([[9, 1, 14, 3] if local_routes else [0, 1, 2, 3]], device=DEV)
+    qs, ds = ep_slice(q, 8, 8), ep_slice(d, 8, 8)
+    if ready is not None:
+        assert ready(x, w, ids, qs)
+    poison()
+    out = moe_split(x, w, ids, qs, LIMIT, tiles)
+    assert torch.isfinite(out).all()
+    if not local_routes:
+        assert (out == 0).all()
+        return
+    exact = ref.moe_experts(x, w, ids, ds, LIMIT)
+    e_ref = rel(ref.moe_experts(x, w, ids, qs, LIMIT), exact)
+    assert rel(out, exact) <= 0.5 * e_ref + 2e-3, (rel(out, exact), e_ref)
+    assert _tickets_zero(qs)
+
 def check(name, T, seed, tiles=None, repeated=False, offset=0, E_local=None):
     from dayzero.kernels.triton_moe_small_split import moe_split
 
     q, d = experts(name)
     E, H, _ = SHAPES[name]
     if E_local is not None:  # expert-parallel slice [offset, offset + E_local) of the E global experts
-        sl = slice(offset, offset + E_local)
-        q = ExpertWeights(q.gate_up[sl], q.gate_up_bias[sl], q.down[sl], q.down_bias[sl], q.gate_up_scale[sl],
-                          q.down_scale[sl], derived={"expert_offset": offset})
-        d = ExpertWeights(d.gate_up[sl], d.gate_up_bias[sl], d.down[sl], d.down_bias[sl],
-                          derived={"expert_offset": offset})
+        q, d = ep_slice(q, offset, E_local), ep_slice(d, offset, E_local)
     x, w, ids = inputs(T, E, H, seed, repeated)
     ref_out = ref.moe_experts(x, w, ids, q, LIMIT)
     exact = ref.moe_experts(x, w, ids, d, LIMIT)
@@ -181,9 +210,7 @@ def test_split_no_local_route_gives_zeros(T, variant):
     E, H, _ = SHAPES["120b"]
     x, w, ids = inputs(T, E, H, seed=5)
     ids = ids % 4                                           # every route on experts 0..3
-    sl = slice(8, 16)                                       # this rank owns 8..15: nothing routed here
-    qs = ExpertWeights(q.gate_up[sl], q.gate_up_bias[sl], q.down[sl], q.down_bias[sl], q.gate_up_scale[sl],
-                       q.down_scale[sl], derived={"expert_offset": 8})
+    qs = ep_slice(q, 8, 8)                                  # this rank owns 8..15: nothing routed here
     poison()
     out = moe_split(x, w, ids, qs, LIMIT, VARIANTS[variant] if variant else None)
     assert out.shape == (T, H) and (out == 0).all()
@@ -196,7 +223,7 @@ def test_split_deterministic_and_graph_replay_equals_eager(T, variant):
     # default tiles: T = 1 on the GEMV kernels, T = 2-4 GEMV gate_up per pair with PDL, fused MMA tiles
     # (leader slots, tickets in down), plan + combine at T = 16; k1: the MMA kernels at T = 1; _r: scale rows
     # and the vectorised combine; gvq2_d64_rp at T = 1: GEMV gate_up + MMA down under PDL
-    from dayzero.kernels.triton_moe_small_split import VARIANTS, MoeSplit, moe_split
+    from dayzero.kernels.triton_moe_small_split import VARIANTS, MoeSplit
 
     if DEV != "cuda":
         pytest.skip("CUDA graphs need a GPU")
@@ -227,29 +254,11 @@ def test_gemv_t1_expert_parallel_slice(local_routes, variant):
     # T = 1 on the GEMV kernels with this rank owning experts 8..15: routes elsewhere are skipped (the
     # down tickets count only local routes); none local: zeros. gvg_d32_r: GEMV gate_up, MMA down
     # with the vectorised combine; gvq: grouped GEMV products (gvq2_d64_rp: under PDL)
-    from dayzero.kernels.triton_moe_small_split import VARIANTS, MoeSplit, moe_split
+    from dayzero.kernels.triton_moe_small_split import VARIANTS, MoeSplit
 
-    q, d = experts("120b")
-    E, H, _ = SHAPES["120b"]
-    x, w, _ = inputs(1, E, H, seed=21 + local_routes)
-    ids = torch.tensor([[9, 1, 14, 3] if local_routes else [0, 1, 2, 3]], device=DEV)
-    sl = slice(8, 16)
-    qs, ds = (ExpertWeights(a.gate_up[sl], a.gate_up_bias[sl], a.down[sl], a.down_bias[sl],
-                            a.gate_up_scale[sl] if a.gate_up_scale is not None else None,
-                            a.down_scale[sl] if a.down_scale is not None else None,
-                            derived={"expert_offset": 8}) for a in (q, d))
     tiles = VARIANTS[variant]
-    assert MoeSplit(x, w, ids, qs, LIMIT, tiles).gemv
-    poison()
-    out = moe_split(x, w, ids, qs, LIMIT, tiles)
-    assert torch.isfinite(out).all()
-    if not local_routes:
-        assert (out == 0).all()
-        return
-    exact = ref.moe_experts(x, w, ids, ds, LIMIT)
-    e_ref = rel(ref.moe_experts(x, w, ids, qs, LIMIT), exact)
-    assert rel(out, exact) <= 0.5 * e_ref + 2e-3, (rel(out, exact), e_ref)
-    assert _tickets_zero(qs)
+    check_ep_slice(local_routes, tiles, seed=21 + local_routes,
+                   ready=lambda *args: MoeSplit(*args, LIMIT, tiles).gemv)
 
 
 @pytest.mark.parametrize("T,repeated", [(2, False), (2, True)])

@@ -17,7 +17,8 @@ from dayzero.kernels.types import ExpertWeights
 from gpu_util import DEV, poison, rel
 
 pytest.importorskip("triton", reason="the Triton kernels need triton (GPU machines)")  # CI: skip at collection
-from test_moe_small_gpu import LIMIT, SHAPES, _tickets_zero, check, experts, inputs  # noqa: E402
+from test_moe_small_gpu import (LIMIT, SHAPES, _tickets_zero, check, check_ep_slice, experts,  # noqa: E402
+                               inputs)
 
 pytestmark = [pytest.mark.gpu,
               pytest.mark.skipif(DEV == "cuda" and not torch.cuda.is_available(), reason="needs a CUDA GPU")]
@@ -87,27 +88,7 @@ def test_wg_hq_h_near_its_bound(variant):
 def test_wg_expert_parallel_slice(local_routes, variant):
     # this rank owns experts 8..15: routes elsewhere are skipped (the down tickets count local pairs x splits);
     # none local: one program per N tile writes zeros
-    from dayzero.kernels.triton_moe_small_split import moe_split
-
-    q, d = experts("120b")
-    E, H, _ = SHAPES["120b"]
-    x, w, _ = inputs(1, E, H, seed=61 + local_routes)
-    ids = torch.tensor([[9, 1, 14, 3] if local_routes else [0, 1, 2, 3]], device=DEV)
-    sl = slice(8, 16)
-    qs, ds = (ExpertWeights(a.gate_up[sl], a.gate_up_bias[sl], a.down[sl], a.down_bias[sl],
-                            a.gate_up_scale[sl] if a.gate_up_scale is not None else None,
-                            a.down_scale[sl] if a.down_scale is not None else None,
-                            derived={"expert_offset": 8}) for a in (q, d))
-    poison()
-    out = moe_split(x, w, ids, qs, LIMIT, _tiles(variant))
-    assert torch.isfinite(out).all()
-    if not local_routes:
-        assert (out == 0).all()
-        return
-    exact = ref.moe_experts(x, w, ids, ds, LIMIT)
-    e_ref = rel(ref.moe_experts(x, w, ids, qs, LIMIT), exact)
-    assert rel(out, exact) <= 0.5 * e_ref + 2e-3, (rel(out, exact), e_ref)
-    assert _tickets_zero(qs)
+    check_ep_slice(local_routes, _tiles(variant), seed=61 + local_routes)
 
 
 @pytest.mark.parametrize("variant", ["wg2_d64_s2", "wg2_d64_s2_q"])

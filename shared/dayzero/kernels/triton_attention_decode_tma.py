@@ -31,7 +31,7 @@ import triton.language as tl
 from triton.language.extra.cuda import gdc_launch_dependents, gdc_wait
 from triton.tools.tensor_descriptor import TensorDescriptor
 
-from .triton_attention_splitkv import _merge_kernel, attend_new_and_sink, group_query
+from .triton_attention_splitkv import attend_new_and_sink, group_query, merge_splits, split_partials
 from .triton_moe_gemm import interpreting
 
 
@@ -196,12 +196,7 @@ def tma_decode(cfg: dict, num_splits: int, q, k, v, k_cache, v_cache, block_tabl
     B, Hkv, D = cached_lens.shape[0], k.shape[1], q.shape[2]
     group = q.shape[1] // Hkv
     single = num_splits == 1
-    if single:  # unused by the kernel (SINGLE)
-        mp = lp = op = out
-    else:
-        mp = torch.empty((B, Hkv, num_splits, group), device=q.device, dtype=torch.float32)
-        lp = torch.empty_like(mp)
-        op = torch.empty((B, Hkv, num_splits, group, D), device=q.device, dtype=torch.float32)
+    mp, lp, op = split_partials(out, B, Hkv, num_splits, group, D)
     _decode_tma_kernel[(Hkv, num_splits, B)](
         q, k, v, _descriptor(k_cache), _descriptor(v_cache), block_tables, cu_seqlens_q, cached_lens, sinks,
         out, mp, lp, op, q.stride(0), q.stride(1), k.stride(0), k.stride(1), v.stride(0), v.stride(1),
@@ -210,7 +205,4 @@ def tma_decode(cfg: dict, num_splits: int, q, k, v, k_cache, v_cache, block_tabl
         SINGLE=single, PDL=pdl, **cfg, **extra)
     if single or not merge:
         return out
-    _merge_kernel[(q.shape[1], B)](cu_seqlens_q, out, mp, lp, op, out.stride(0), out.stride(1), num_splits,
-                                   GROUP=group, HEAD_D=D, S_P2=max(2, triton.next_power_of_2(num_splits)),
-                                   PART_BF16=False, PDL=pdl, num_warps=1, **extra)
-    return out
+    return merge_splits(cu_seqlens_q, out, mp, lp, op, num_splits, group, False, pdl)

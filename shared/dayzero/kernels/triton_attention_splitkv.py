@@ -263,13 +263,7 @@ def splitkv_decode(cfg: dict, num_splits: int, q, k, v, k_cache, v_cache, block_
     B, Hkv, D = cached_lens.shape[0], k.shape[1], q.shape[2]
     group = q.shape[1] // Hkv
     single = num_splits == 1
-    if single:  # unused by the kernel (SINGLE)
-        mp = lp = op = out
-    else:
-        mp = torch.empty((B, Hkv, num_splits, group), device=q.device, dtype=torch.float32)
-        lp = torch.empty_like(mp)
-        op = torch.empty((B, Hkv, num_splits, group, D), device=q.device,
-                         dtype=torch.bfloat16 if part_bf16 else torch.float32)
+    mp, lp, op = split_partials(out, B, Hkv, num_splits, group, D, part_bf16)
     grid = (Hkv, num_splits, B) if head_major else (num_splits, Hkv, B)
     _decode_split2_kernel[grid](
         q, k, v, k_cache, v_cache, block_tables, cu_seqlens_q, cached_lens, sinks, out, mp, lp, op,
@@ -282,7 +276,26 @@ def splitkv_decode(cfg: dict, num_splits: int, q, k, v, k_cache, v_cache, block_
         HEAD_MAJOR=head_major, EARLY_NEW=early_new, **cfg, **extra)
     if single or not merge:
         return out
-    _merge_kernel[(q.shape[1], B)](cu_seqlens_q, out, mp, lp, op, out.stride(0), out.stride(1), num_splits,
-                                   GROUP=group, HEAD_D=D, S_P2=max(2, triton.next_power_of_2(num_splits)),
-                                   PART_BF16=part_bf16, PDL=pdl, num_warps=1, **extra)
+    return merge_splits(cu_seqlens_q, out, mp, lp, op, num_splits, group, part_bf16, pdl)
+
+
+def split_partials(out, B: int, Hkv: int, num_splits: int, group: int, D: int, part_bf16: bool = False):
+    """The split kernels' partials: row max / row sum ``[B, Hkv, S, group]`` fp32 and output
+    ``[B, Hkv, S, group, D]`` (fp32 or bf16); one split writes ``out`` itself (the three are then unused)."""
+    if num_splits == 1:
+        return out, out, out
+    mp = torch.empty((B, Hkv, num_splits, group), device=out.device, dtype=torch.float32)
+    op = torch.empty((B, Hkv, num_splits, group, D), device=out.device,
+                     dtype=torch.bfloat16 if part_bf16 else torch.float32)
+    return mp, torch.empty_like(mp), op
+
+
+def merge_splits(cu_seqlens_q, out, mp, lp, op, num_splits: int, group: int, part_bf16: bool, pdl: bool):
+    """``_merge_kernel`` over the partials of ``split_partials`` into ``out`` [T, Hq, D] (one program per query
+    head and sequence; the sink was counted by split 0 only)."""
+    B, D = mp.shape[0], out.shape[2]
+    _merge_kernel[(out.shape[1], B)](cu_seqlens_q, out, mp, lp, op, out.stride(0), out.stride(1), num_splits,
+                                     GROUP=group, HEAD_D=D, S_P2=max(2, triton.next_power_of_2(num_splits)),
+                                     PART_BF16=part_bf16, PDL=pdl, num_warps=1,
+                                     **(dict(launch_pdl=True) if pdl else {}))
     return out
