@@ -28,10 +28,26 @@ part() {  # part NAME DEADLINE_S CMD...
 }
 case "$area" in
   attention)
+    # FlashInfer's JIT builds (fa2 / fa3, causal and window 128) in the background meanwhile, into the repository's
+    # .fi-ws (kept on a warm machine; niced under the candidates): the closing call's same-run comparison then loads them (.whl carried)
+    fi_pid=""
+    if ls .whl/*.whl >/dev/null 2>&1; then
+      source bench/peers_install.sh >> "$OUT/candidates.log" 2>&1
+      mkdir -p "$OUT/fi-build"
+      nice -n 19 timeout -k 5 "${FI_BUILD_S:-380}" python3 bench/attention/flashinfer_compare.py --out "$OUT/fi-build" --build-only \
+        --budget-s "${FI_BUILD_S:-380}" --build-s $(( ${FI_BUILD_S:-380} - 10 )) --jit-workers 4 \
+        > "$OUT/fi-build/build.log" 2>&1 &
+      fi_pid=$!
+    fi
     part decode-tma 145 bash bench/attention/run_s6b.sh
     part window-ring 240 env GLUON_WINDOW_CONFIGS=pk3s,pk3sr,pk3sr6,pk3sr3d,pk3s3d \
       GLUON_WINDOW_REG_CFGS=pk3s,pk3sr,pk3sr6 GLUON_WINDOW_DIAG=pkL3,pkLr,pkL33d,pk3s_ns \
-      bash bench/attention/gluon_window_run.sh ;;
+      bash bench/attention/gluon_window_run.sh
+    if [ -n "$fi_pid" ]; then
+      wait "$fi_pid"; echo "FlashInfer builds rc=$? ($(date -u +%H:%M:%S))" | tee -a "$OUT/candidates.log"
+      tail -n 6 "$OUT/fi-build/build.log" >> "$OUT/candidates.log"
+      tar czf "$OUT/fi-build.tgz" -C "$OUT" fi-build && rm -rf "$OUT/fi-build"
+    fi ;;
   moe)
     part moe-fold 150 bash bench/moe/fold_run.sh
     part moe-wg 148 bash bench/moe/run_wg.sh ;;

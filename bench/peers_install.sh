@@ -9,8 +9,9 @@
 _peers_root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 _peers_wheels="${PEERS_WHEELS:-$_peers_root/.whl}"
 export PEERS_SITE="${PEERS_SITE:-/tmp/site}"
-# FlashInfer's JIT cache (shared by the parallel builds of flashinfer_compare.py): a writable place
-export FLASHINFER_WORKSPACE_BASE="${FLASHINFER_WORKSPACE_BASE:-/tmp/flashinfer-ws}"
+# FlashInfer's JIT cache (shared by the parallel builds of flashinfer_compare.py): a git-ignored folder of the
+# repository, which the device tool keeps between calls on a warm machine (a later call's builds load from it)
+export FLASHINFER_WORKSPACE_BASE="${FLASHINFER_WORKSPACE_BASE:-$_peers_root/.fi-ws}"
 if ls "$_peers_wheels"/*.whl >/dev/null 2>&1; then
   mkdir -p "$PEERS_SITE"
   if python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade \
