@@ -1,9 +1,9 @@
 #!/usr/bin/env bash
-# The CPU-built candidates of session 6, tested and timed on the GPU in one call per area (attention <= ~400 s, moe <= ~310 s warm):
+# The CPU-built candidates of session 6, tested and timed on the GPU in one call per area (attention <= ~400 s, moe <= ~560 s warm):
 #   bash bench/candidates.sh attention   decode TMA presets (attention/run_s6b.sh), then the Gluon window's
 #                                        K/V group ring pk3sr* beside pk3s (attention/gluon_window_run.sh)
 #   bash bench/candidates.sh moe         MoE prefill folded tails (moe/fold_run.sh), then the decode-MoE
-#                                        tensor-core wg tiles (moe/run_wg.sh)
+#                                        tensor-core wg tiles (moe/run_wg.sh), then the HF peer (peers_run.sh)
 # Each part runs in its own $OUT/<part> folder under its own deadline; at the end every part's files are
 # packed into $OUT/<part>.tgz and its JSON also copied to $OUT (at most 8 files come back from a call).
 # Carry .devmeta (git rev-parse HEAD > .devmeta/commit). Decision rules: bench/NOTES.md, per candidate.
@@ -50,7 +50,10 @@ case "$area" in
     fi ;;
   moe)
     part moe-fold 150 bash bench/moe/fold_run.sh
-    part moe-wg 148 bash bench/moe/run_wg.sh ;;
+    part moe-wg 148 bash bench/moe/run_wg.sh
+    # HF transformers at its fastest beside the engine on the same 20B weights (logits at 2048 tokens: cosine and
+    # top-1; prefill 8192; decode batch 1 / 64; per-op breakdown), on this commit's defaults
+    part peers-hf 240 env PEERS_FI=0 PEERS_HF_S=230 bash bench/peers_run.sh ;;
   *) echo "unknown area $area (attention|moe)"; exit 2 ;;
 esac
 sed -i -E "s#$(pwd)/#<repo>/#g; s#/(root|tmp)/[^ :]*#<path>#g" "$OUT/candidates.log"
