@@ -19,7 +19,9 @@ steps=",${FINAL_STEPS:-tests,b20,b120},"
 one_test() {  # one_test FILE: pytest on it (FINAL_XDIST workers if named), log and junit under $OUT
   local n x; n=$(basename "$1" .py)
   x=$(echo ",${FINAL_XDIST:-}," | grep -o ",$n=[0-9]*" | cut -d= -f2)
-  timeout "${FINAL_TEST_S:-200}" python3 -m pytest -q -p no:cacheprovider --noconftest -o addopts="" \
+  # one or two CPU threads a test process (FINAL_TEST_OMP): the CPU emulation tests of the Gluon attention files
+  # crawled under a dozen test processes at torch's default thread count (session 6: cut by the cap)
+  OMP_NUM_THREADS="${FINAL_TEST_OMP:-2}" timeout "${FINAL_TEST_S:-200}" python3 -m pytest -q -p no:cacheprovider --noconftest -o addopts="" \
     ${x:+-n $x} --junitxml="$OUT/$n.xml" "$1" >"$OUT/$n.log" 2>&1
 }
 

@@ -1,11 +1,14 @@
 #!/usr/bin/env bash
-# Session 6 lead's closing device call (one call, ~400 s on a started machine): bench/final_call.sh with
-# - every GPU test file except test_moe_small_gpu in parallel (pytest-xdist where named), then the
-#   Gluon MoE and fused MoE files one by one (GPU memory: the MoE tests build 120B-sized experts);
+# The lead's closing device call (one call, ~400-450 s on a started machine; session 6 ran it as final_s6.sh):
+# bench/final_call.sh with
+# - every GPU test file except test_moe_small_gpu in parallel (pytest-xdist where named; two CPU threads a test
+#   process), then the Gluon MoE and fused MoE files one by one (GPU memory: the MoE tests build 120B-sized experts);
 # - test_moe_small_gpu filtered to the shipped decode tiles and the registered / graph-replay /
-#   EP tests (the whole file is 26 variants x 6 T x 2 models) as FINAL_EXTRA, beside the FlashInfer builds;
+#   EP tests (the whole file is 26 variants x 6 T x 2 models) as FINAL_EXTRA, beside the FlashInfer builds
+#   (cached in .fi-ws by an earlier call on the same warm machine: bench/candidates.sh attention);
 # - the same-run FlashInfer / SDPA attention comparison and `dayzero bench all` for 20B and 120B.
-# Needs .whl (FlashInfer wheels) and .devmeta carried. DAYZERO_DEADLINE (default now + 490 s) caps the steps.
+# Needs .whl (FlashInfer wheels: bench/peers_fetch.sh) and .devmeta carried. DAYZERO_DEADLINE (default now + 490 s)
+# caps the steps.
 set -u
 cd "$(dirname "$0")/.."
 export PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True
