@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
-# The CPU-built candidates of session 6, tested and timed on the GPU in one call per area (attention <= ~400 s, moe <= ~560 s warm):
+# The CPU-built candidates of session 6, tested and timed on the GPU in one call per area (attention <= ~570 s, moe <= ~560 s warm):
 #   bash bench/candidates.sh attention   decode TMA presets (attention/run_s6b.sh), then the Gluon window's
-#                                        K/V group ring pk3sr* beside pk3s (attention/gluon_window_run.sh)
+#                                        K/V group ring pk3sr* beside pk3s (attention/gluon_window_run.sh), then
+#                                        the small-M linear's product modes (linear/run.sh)
 #   bash bench/candidates.sh moe         MoE prefill folded tails (moe/fold_run.sh), then the decode-MoE
 #                                        tensor-core wg tiles (moe/run_wg.sh), then the HF peer (peers_run.sh)
 # Each part runs in its own $OUT/<part> folder under its own deadline; at the end every part's files are
@@ -40,9 +41,12 @@ case "$area" in
       fi_pid=$!
     fi
     part decode-tma 145 bash bench/attention/run_s6b.sh
-    part window-ring 240 env GLUON_WINDOW_CONFIGS=pk3s,pk3sr,pk3sr6,pk3sr3d,pk3s3d \
+    part window-ring 200 env GLUON_WINDOW_CONFIGS=pk3s,pk3sr,pk3sr6,pk3sr3d,pk3s3d \
       GLUON_WINDOW_REG_CFGS=pk3s,pk3sr,pk3sr6 GLUON_WINDOW_DIAG=pkL3,pkLr,pkL33d,pk3s_ns \
       bash bench/attention/gluon_window_run.sh
+    # small-M dense linear (decode q/k/v, o, lm_head): the product modes of session 7 (bf16 shipped, dot16, swap),
+    # tests/kernels/test_gemv_gpu.py then bench_gemv.py --sweep modes
+    part gemv 170 bash bench/linear/run.sh
     if [ -n "$fi_pid" ]; then
       wait "$fi_pid"; echo "FlashInfer builds rc=$? ($(date -u +%H:%M:%S))" | tee -a "$OUT/candidates.log"
       tail -n 6 "$OUT/fi-build/build.log" >> "$OUT/candidates.log"

@@ -16,7 +16,8 @@ Weight layout: [N, K] float8_e4m3fn, one fp32 scale per 128x128 block (partial e
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+import os
+from dataclasses import dataclass, field
 
 import torch
 import triton
@@ -26,6 +27,7 @@ from .triton_moe_gemm import interpreting
 from .types import BLOCK, LinearWeight
 
 MAX_M = 16          # rows one call serves (the dot's M side is padded to 16)
+MODES = ("bf16", "dot16", "swap")
 BLOCK_C = tl.constexpr(BLOCK)
 
 
@@ -37,10 +39,70 @@ def _fence_gpu(like):
 
 
 @triton.jit
+def _pow2_row_scales(x):
+    """x [16, BK] bf16 -> (r, 1 / r) [16] fp32, powers of two with max |x * r| in [2^14, 2^15) per row: bf16
+    values then sit in fp16's normal range with their 8 significant bits intact (down to 2^-28 of the row's
+    max). Built from the exponent bits, so both are exact."""
+    amax = tl.max(tl.abs(x.to(tl.float32)), axis=1)
+    e = (amax.to(tl.int32, bitcast=True) >> 23) & 0xFF                      # biased exponent of the row max
+    e = tl.minimum(tl.maximum(e, 15), 254)                                   # zero / tiny rows: r = 2^126
+    return ((268 - e) << 23).to(tl.float32, bitcast=True), ((e - 14) << 23).to(tl.float32, bitcast=True)
+
+
+@triton.jit
+def _gemv_k_loop(x_ptrs, w_ptrs, s_row, xs_ptr, offs_m, offs_k, m_ok, n_ok, kb0, kb1, K, stride_xsm, stride_xsk,
+                 BN: tl.constexpr, BK: tl.constexpr, X_SCALED: tl.constexpr, DOT_F32: tl.constexpr,
+                 DOT16: tl.constexpr):
+    """The K loop of one program with x as the MMA's A operand: [16, BN] fp32 partial sums."""
+    acc = tl.zeros((16, BN), tl.float32)
+    for kb in range(kb0, kb1):
+        k_ok = kb * BK + offs_k < K
+        x = tl.load(x_ptrs + kb * BK, mask=m_ok[:, None] & k_ok[None, :], other=0.0)
+        w = tl.load(w_ptrs + kb * BK, mask=n_ok[:, None] & k_ok[None, :], other=0.0)
+        s = tl.load(s_row + kb)
+        if DOT_F32:
+            part = tl.dot(x.to(tl.float32), tl.trans(w.to(tl.float32)))
+        elif not DOT16:
+            part = tl.dot(x.to(tl.bfloat16), tl.trans(w.to(tl.bfloat16)))   # fp8 x widens exactly
+        elif X_SCALED:  # e4m3 x and w widen exactly to fp16 (one cvt per two values; to bf16 two more)
+            part = tl.dot(x.to(tl.float16), tl.trans(w.to(tl.float16)))
+        else:  # bf16 x: each row scaled by a power of two into fp16's range first (exact), undone after
+            r, inv = _pow2_row_scales(x)                                                  # [16] fp32 each
+            xh = (x.to(tl.float32) * r[:, None]).to(tl.float16)
+            part = tl.dot(xh, tl.trans(w.to(tl.float16))) * inv[:, None]
+        if X_SCALED:  # fp8 activations: one scale per row per 128 columns
+            xs = tl.load(xs_ptr + offs_m * stride_xsm + kb * stride_xsk, mask=m_ok, other=0.0)
+            part = part * xs[:, None]
+        acc += part * s
+    return acc
+
+
+@triton.jit
+def _gemv_k_loop_swap(x_ptrs, w_ptrs, s_row, xs_ptr, offs_m, offs_k, m_ok, n_ok, kb0, kb1, K, stride_xsm, stride_xsk,
+                      BN: tl.constexpr, BK: tl.constexpr, DOT_F32: tl.constexpr):
+    """The K loop with fp8 x ("swap AB"): the weight tile [BN, BK] is the MMA's A operand (M = BN rows), x^T its
+    B operand (N = 16): e4m3 x e4m3 products straight from the loaded bytes, nothing widened. [BN, 16] fp32."""
+    acc = tl.zeros((BN, 16), tl.float32)
+    for kb in range(kb0, kb1):
+        k_ok = kb * BK + offs_k < K
+        x = tl.load(x_ptrs + kb * BK, mask=m_ok[:, None] & k_ok[None, :], other=0.0)
+        w = tl.load(w_ptrs + kb * BK, mask=n_ok[:, None] & k_ok[None, :], other=0.0)
+        s = tl.load(s_row + kb)
+        xs = tl.load(xs_ptr + offs_m * stride_xsm + kb * stride_xsk, mask=m_ok, other=0.0)
+        if DOT_F32:
+            part = tl.dot(w.to(tl.float32), tl.trans(x.to(tl.float32)))
+        else:
+            part = tl.dot(w, tl.trans(x))
+        acc += part * (xs * s)[None, :]
+    return acc
+
+
+@triton.jit
 def _gemv_splitk_kernel(x_ptr, xs_ptr, w_ptr, s_ptr, bias_ptr, out_ptr, ws_ptr, ticket_ptr,
                         M, N, K, stride_xm, stride_xsm, stride_xsk, stride_wn, stride_sn, stride_om,
                         BN: tl.constexpr, BK: tl.constexpr, SPLIT: tl.constexpr, HAS_BIAS: tl.constexpr,
-                        X_SCALED: tl.constexpr, DOT_F32: tl.constexpr):
+                        X_SCALED: tl.constexpr, DOT_F32: tl.constexpr, DOT16: tl.constexpr = False,
+                        FENCE: tl.constexpr = True, SWAP: tl.constexpr = False):
     pid_n = tl.program_id(0)
     pid_k = tl.program_id(1)
     offs_m = tl.arange(0, 16)
@@ -55,20 +117,12 @@ def _gemv_splitk_kernel(x_ptr, xs_ptr, w_ptr, s_ptr, bias_ptr, out_ptr, ws_ptr, 
     x_ptrs = x_ptr + offs_m[:, None] * stride_xm + offs_k[None, :]                      # [16, BK]
     w_ptrs = w_ptr + offs_n[:, None].to(tl.int64) * stride_wn + offs_k[None, :]           # [BN, BK]
     s_row = s_ptr + ((pid_n * BN) // BLOCK_C) * stride_sn                                 # BN divides 128
-    acc = tl.zeros((16, BN), tl.float32)
-    for kb in range(kb0, kb1):
-        k_ok = kb * BK + offs_k < K
-        x = tl.load(x_ptrs + kb * BK, mask=m_ok[:, None] & k_ok[None, :], other=0.0)
-        w = tl.load(w_ptrs + kb * BK, mask=n_ok[:, None] & k_ok[None, :], other=0.0)
-        s = tl.load(s_row + kb)
-        if DOT_F32:
-            part = tl.dot(x.to(tl.float32), tl.trans(w.to(tl.float32)))
-        else:
-            part = tl.dot(x.to(tl.bfloat16), tl.trans(w.to(tl.bfloat16)))   # fp8 x widens exactly
-        if X_SCALED:  # fp8 activations: one scale per row per 128 columns
-            xs = tl.load(xs_ptr + offs_m * stride_xsm + kb * stride_xsk, mask=m_ok, other=0.0)
-            part = part * xs[:, None]
-        acc += part * s
+    if SWAP:
+        acc = tl.trans(_gemv_k_loop_swap(x_ptrs, w_ptrs, s_row, xs_ptr, offs_m, offs_k, m_ok, n_ok, kb0, kb1, K,
+                                         stride_xsm, stride_xsk, BN, BK, DOT_F32))               # [16, BN]
+    else:
+        acc = _gemv_k_loop(x_ptrs, w_ptrs, s_row, xs_ptr, offs_m, offs_k, m_ok, n_ok, kb0, kb1, K, stride_xsm,
+                           stride_xsk, BN, BK, X_SCALED, DOT_F32, DOT16)
     out_mask = m_ok[:, None] & n_ok[None, :]
     out_ptrs = out_ptr + offs_m[:, None] * stride_om + offs_n[None, :]
     if SPLIT == 1:
@@ -76,7 +130,7 @@ def _gemv_splitk_kernel(x_ptr, xs_ptr, w_ptr, s_ptr, bias_ptr, out_ptr, ws_ptr, 
     else:
         ws_ptrs = ws_ptr + offs_m[:, None] * N + offs_n[None, :]                          # [SPLIT, 16, N] fp32
         tl.store(ws_ptrs + pid_k * 16 * N, acc, mask=out_mask)
-        if not DOT_F32:  # (the CPU interpreter runs programs one by one and has no inline asm)
+        if FENCE:  # (the CPU interpreter runs programs one by one and has no inline asm)
             _fence_gpu(offs_m)       # every thread's stores are visible GPU-wide before the ticket is taken
         tl.debug_barrier()
         ticket = tl.atomic_add(ticket_ptr + pid_n, 1, sem="acq_rel")
@@ -98,7 +152,15 @@ class GemvConfig:
     warps: int = 4
     stages: int = 4
     target_programs: int = 264  # 2 per SM on an H200
+    # the products (opt-in candidates of session 7, DAYZERO_GEMV_MODE; bench/NOTES.md "Small-M dense linear"): "bf16"
+    # (shipped: e4m3 -> bf16 widening, two quarter-rate F2F a weight, bounds the kernel), "dot16" (fp16 products:
+    # one F2FP per two weights; fp8 x widens exactly, bf16 x through power-of-two row scales), "swap" (fp8 x: the
+    # weight tile as the A operand of an e4m3 x e4m3 wgmma, nothing widened; bf16 x: as dot16)
+    mode: str = field(default_factory=lambda: os.environ.get("DAYZERO_GEMV_MODE", "bf16"))
 
+    def __post_init__(self) -> None:
+        if self.mode not in MODES:
+            raise ValueError(f"gemv: mode must be one of {MODES}, got {self.mode!r}")
 
 @dataclass
 class _Workspace:
@@ -154,7 +216,9 @@ def gemv_fp8(x: torch.Tensor, weight: LinearWeight, cfg: GemvConfig | None = Non
         ws.partials if ws else out, ws.tickets if ws else out,
         M, N, K, x.stride(0), x_scale.stride(0) if x_fp8 else 0, x_scale.stride(1) if x_fp8 else 0,
         w.stride(0), s.stride(0), out.stride(0),
-        BN=cfg.bn, BK=BLOCK, SPLIT=split, HAS_BIAS=bias is not None, X_SCALED=x_fp8, DOT_F32=interpreting(),
+        BN=cfg.bn, BK=BLOCK, SPLIT=split, HAS_BIAS=bias is not None, X_SCALED=x_fp8,
+        DOT_F32=interpreting() and cfg.mode != "dot16", DOT16=cfg.mode != "bf16", FENCE=not interpreting(),
+        SWAP=cfg.mode == "swap" and x_fp8,
         num_warps=cfg.warps, num_stages=cfg.stages,
     )
     return out
