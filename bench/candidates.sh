@@ -1,18 +1,20 @@
 #!/usr/bin/env bash
-# The CPU-built candidates of session 6, tested and timed on the GPU in one call per area (attention <= ~570 s, moe <= ~560 s warm):
+# The CPU-built candidates of sessions 6 and 7, tested and timed on the GPU in one call per area (attention <= ~545 s, moe <= ~480 s, peers ~250 s warm):
 #   bash bench/candidates.sh attention   decode TMA presets (attention/run_s6b.sh), then the Gluon window's
 #                                        K/V group ring pk3sr* beside pk3s (attention/gluon_window_run.sh), then
 #                                        the small-M linear's product modes (linear/run.sh)
 #   bash bench/candidates.sh moe         MoE prefill folded tails (moe/fold_run.sh), then the decode-MoE
-#                                        tensor-core wg tiles (moe/run_wg.sh), then the HF peer (peers_run.sh)
+#                                        tensor-core wg tiles at T = 1-2 (moe/run_wg.sh) and the fp16 gate_up of
+#                                        the MMA tiles at T = 8-64 (moe/run_x16.sh)
+#   bash bench/candidates.sh peers       the HF transformers peer beside the engine (peers_run.sh, ~240 s)
 # Each part runs in its own $OUT/<part> folder under its own deadline; at the end every part's files are
-# packed into $OUT/<part>.tgz and its JSON also copied to $OUT (at most 8 files come back from a call).
+# packed into $OUT/<part>.tgz and its JSON also copied to $OUT/<part>--<name>.json (at most 8 files come back).
 # Carry .devmeta (git rev-parse HEAD > .devmeta/commit). Decision rules: bench/NOTES.md, per candidate.
 set -u
 cd "$(dirname "$0")/.."
 OUT="${OUT:-out}"
 mkdir -p "$OUT"
-area="${1:?usage: bench/candidates.sh attention|moe}"
+area="${1:?usage: bench/candidates.sh attention|moe|peers}"
 rc=0
 part() {  # part NAME DEADLINE_S CMD...
   local name=$1 cap=$2; shift 2
@@ -24,7 +26,7 @@ part() {  # part NAME DEADLINE_S CMD...
   tail -n 15 "$OUT/$name/part.log" >> "$OUT/candidates.log"
   echo "=== $name rc=$r ($(date -u +%H:%M:%S))" | tee -a "$OUT/candidates.log"
   [ "$r" = 0 ] || rc=1
-  find "$OUT/$name" -maxdepth 1 -name '*.json' -exec cp {} "$OUT/" \;
+  for j in "$OUT/$name"/*.json; do [ -f "$j" ] && cp "$j" "$OUT/$name--$(basename "$j")"; done
   tar czf "$OUT/$name.tgz" -C "$OUT" "$name" && rm -rf "${OUT:?}/$name"
 }
 case "$area" in
@@ -55,10 +57,12 @@ case "$area" in
   moe)
     part moe-fold 150 bash bench/moe/fold_run.sh
     part moe-wg 148 bash bench/moe/run_wg.sh
+    part moe-x16 150 bash bench/moe/run_x16.sh ;;
+  peers)
     # HF transformers at its fastest beside the engine on the same 20B weights (logits at 2048 tokens: cosine and
     # top-1; prefill 8192; decode batch 1 / 64; per-op breakdown), on this commit's defaults
     part peers-hf 240 env PEERS_FI=0 PEERS_HF_S=230 bash bench/peers_run.sh ;;
-  *) echo "unknown area $area (attention|moe)"; exit 2 ;;
+  *) echo "unknown area $area (attention|moe|peers)"; exit 2 ;;
 esac
 sed -i -E "s#$(pwd)/#<repo>/#g; s#/(root|tmp)/[^ :]*#<path>#g" "$OUT/candidates.log"
 echo "candidates $area: rc=$rc" | tee -a "$OUT/candidates.log"

@@ -127,6 +127,8 @@ def split_configs(labels=None):
                 consts["IDS1"] = t.ids_once and fused
                 consts["PDL"] = t.pdl and fused
                 consts["SK"] = scale_row(2880, split, t)
+                if kern is S.gate_up_kernel:
+                    consts["X16"] = t.x16
                 warps = t.warps_down or t.warps if kern is S.down_kernel else t.warps
                 stages = t.stages_down or t.stages if kern is S.down_kernel else t.stages
                 yield f"{name} {label} {'T1' if fused else 'T64'}", kern, consts, warps, stages, 0

@@ -218,7 +218,7 @@ def test_split_no_local_route_gives_zeros(T, variant):
 
 @pytest.mark.parametrize("T,variant", [(1, None), (2, None), (4, None), (8, None), (16, None), (1, "k1"),
                                        (1, "gvg_d32_r"), (2, "k1_d64_r"), (1, "gvq_d32"), (2, "gvq2_d64_r"),
-                                       (7, "gvqt8_d32_r"), (1, "gvq2_d64_rp")])
+                                       (7, "gvqt8_d32_r"), (1, "gvq2_d64_rp"), (8, "bn64_r_x16"), (16, "bn64_x16")])
 def test_split_deterministic_and_graph_replay_equals_eager(T, variant):
     # default tiles: T = 1 on the GEMV kernels, T = 2-4 GEMV gate_up per pair with PDL, fused MMA tiles
     # (leader slots, tickets in down), plan + combine at T = 16; k1: the MMA kernels at T = 1; _r: scale rows

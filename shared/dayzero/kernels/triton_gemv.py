@@ -39,7 +39,7 @@ def _fence_gpu(like):
 
 
 @triton.jit
-def _pow2_row_scales(x):
+def pow2_row_scales(x):
     """x [16, BK] bf16 -> (r, 1 / r) [16] fp32, powers of two with max |x * r| in [2^14, 2^15) per row: bf16
     values then sit in fp16's normal range with their 8 significant bits intact (down to 2^-28 of the row's
     max). Built from the exponent bits, so both are exact."""
@@ -67,7 +67,7 @@ def _gemv_k_loop(x_ptrs, w_ptrs, s_row, xs_ptr, offs_m, offs_k, m_ok, n_ok, kb0,
         elif X_SCALED:  # e4m3 x and w widen exactly to fp16 (one cvt per two values; to bf16 two more)
             part = tl.dot(x.to(tl.float16), tl.trans(w.to(tl.float16)))
         else:  # bf16 x: each row scaled by a power of two into fp16's range first (exact), undone after
-            r, inv = _pow2_row_scales(x)                                                  # [16] fp32 each
+            r, inv = pow2_row_scales(x)                                                  # [16] fp32 each
             xh = (x.to(tl.float32) * r[:, None]).to(tl.float16)
             part = tl.dot(xh, tl.trans(w.to(tl.float16))) * inv[:, None]
         if X_SCALED:  # fp8 activations: one scale per row per 128 columns

@@ -14,7 +14,7 @@ instead (still two launches); tiles with ``pdl`` launch down with programmatic d
 from __future__ import annotations
 
 import os
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import torch
 import triton
@@ -49,6 +49,9 @@ class SplitTiles:
     bn_gate_up: int = 32
     bn_down: int = 32
     h16: bool = True             # h in fp16 (down multiplies in fp16: fewer conversion instructions)
+    # gate_up's MMA tiles: x rows through power-of-two scales into fp16, the weights widened to fp16 (one F2FP per
+    # two) instead of bf16 (two quarter-rate F2F more each, which bound the step: bench/NOTES.md session 7); opt-in
+    x16: bool = False
     split_gate_up: int = 0
     split_down: int = 0
     target_programs: int = 1584  # 12 per SM on an H200 (132 SMs)
@@ -181,6 +184,9 @@ VARIANTS = {
 }
 # session 6, CPU only (bench/NOTES.md "MoE decode run 12"; not timed): the FP8 tensor-core kernels at T = 1-2
 VARIANTS.update({name: SplitTiles(**kw, **_R) for name, kw in WG_VARIANTS.items()})
+# session 7, CPU only (bench/NOTES.md "Small-M dense linear", session 7): the shipped MMA tiles of T > 4 with gate_up's
+# products in fp16 (``x16``)
+VARIANTS.update({f"{name}_x16": replace(VARIANTS[name], x16=True) for name in ("bn64_r", "bn64", "g64_d128")})
 # the device tests run the engine on candidates before they become defaults: this environment variable
 # holds "name[@max_pairs],..." (``VARIANTS`` names); the first entry whose max_pairs >= T * k (or with
 # none) replaces the default tiles, pair counts past every entry keep the default
@@ -331,7 +337,7 @@ class MoeSplit:
             self.H, 2 * self.I, self.nt1, self.P, self.offset, self.E, self.x.stride(0), w.stride(0), w.stride(1),
             s.stride(0), s.stride(1), b.stride(0), self.h.stride(0), self.limit, SWIGLU_ALPHA, BN=t.bn_gate_up,
             SPLIT=self.s1, EVEN_N=(2 * self.I) % t.bn_gate_up == 0, SK=scale_row(self.H, self.s1, t),
-            IDS1=t.ids_once and self.fused, PDL=self.pdl, num_warps=t.warps, **self.launch)
+            IDS1=t.ids_once and self.fused, PDL=self.pdl, X16=t.x16, num_warps=t.warps, **self.launch)
 
     def down(self) -> None:
         ex, t = self.ex, self.tiles

@@ -33,7 +33,7 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
-from .triton_gemv import _fence_gpu
+from .triton_gemv import _fence_gpu, pow2_row_scales
 from .triton_moe_small_pdl import trigger, wait
 from .triton_moe_small_route import (_chunk_end, _local_ids, _rows, _rows_of, _slot, _slot_of, _touched,
                                      _touched_of)
@@ -53,7 +53,7 @@ def _program(pid, n_tiles, K, SPLIT: tl.constexpr, BK_: tl.constexpr):
 
 @triton.jit
 def _step(acc, a_ptrs, row_ok, b_ptrs, k, sb, k_ok, n_ok, MASK_K: tl.constexpr, EVEN_N: tl.constexpr,
-          A16: tl.constexpr, DOT_F32: tl.constexpr):
+          A16: tl.constexpr, DOT_F32: tl.constexpr, X16: tl.constexpr = False):
     """acc + (A[:, k : k+BK] @ fp8 tile[k : k+BK, :]) * sb. A rows past the expert's token count are
     masked (zero-filled copies move no bytes: run 4 loaded them unmasked, 16x the A bytes at T = 1);
     weights are masked only at the K and N tails."""
@@ -69,7 +69,16 @@ def _step(acc, a_ptrs, row_ok, b_ptrs, k, sb, k_ok, n_ok, MASK_K: tl.constexpr, 
             b = tl.load(b_ptrs + k)
         else:
             b = tl.load(b_ptrs + k, mask=n_ok[None, :], other=0.0)
-    if DOT_F32:  # the CPU interpreter mis-multiplies bf16 dots
+    if X16:  # bf16 A rows through power-of-two scales into fp16 (exact), so the weights widen to fp16: one F2FP
+        # per two (to bf16: two quarter-rate F2F more each; opt-in ``SplitTiles.x16``, bench/NOTES.md session 7)
+        r, inv = pow2_row_scales(a)
+        ah = (a.to(tl.float32) * r[:, None]).to(tl.float16)
+        if DOT_F32:
+            d = tl.dot(ah.to(tl.float32), b.to(tl.float32))
+        else:
+            d = tl.dot(ah, b.to(tl.float16))
+        return acc + d * (inv[:, None] * sb)
+    elif DOT_F32:  # the CPU interpreter mis-multiplies bf16 dots
         return acc + tl.dot(a.to(tl.float32), b.to(tl.float32)) * sb
     elif A16:    # fp16 operands: e4m3 -> f16 is one instruction per two weights (bf16 needs one more each)
         return acc + tl.dot(a, b.to(tl.float16)) * sb
@@ -79,7 +88,8 @@ def _step(acc, a_ptrs, row_ok, b_ptrs, k, sb, k_ok, n_ok, MASK_K: tl.constexpr, 
 
 @triton.jit
 def _stream(a_ptrs, row_ok, b_ptrs, s_ptr, n_ok, K, kb0, kb1, BM: tl.constexpr, BN: tl.constexpr, BK_: tl.constexpr,
-            EVEN_N: tl.constexpr, A16: tl.constexpr, DOT_F32: tl.constexpr, SK: tl.constexpr = 0):
+            EVEN_N: tl.constexpr, A16: tl.constexpr, DOT_F32: tl.constexpr, SK: tl.constexpr = 0,
+            X16: tl.constexpr = False):
     """acc [BM, BN] = A[:, kb0*BK_ : kb1*BK_] @ dequant(fp8 tile)^T over the same K range: full
     128-wide blocks without masks, then the partial last block of K where the range holds it.
     Block scales: ``SK`` = 0: one step ahead (sm_90 SASS: the register move that carries the next
@@ -94,7 +104,7 @@ def _stream(a_ptrs, row_ok, b_ptrs, s_ptr, n_ok, K, kb0, kb1, BM: tl.constexpr, 
         srow = tl.load(s_ptr + kb0 + si, mask=kb0 + si < kb1, other=0.0)
         for kb in range(kb0, kfull):
             sb = tl.sum(tl.where(si == kb - kb0, srow, 0.0), 0)
-            acc = _step(acc, a_ptrs, row_ok, b_ptrs, kb * BK_, sb, offs_k, n_ok, False, EVEN_N, A16, DOT_F32)
+            acc = _step(acc, a_ptrs, row_ok, b_ptrs, kb * BK_, sb, offs_k, n_ok, False, EVEN_N, A16, DOT_F32, X16)
         sb = tl.sum(tl.where(si == kfull - kb0, srow, 0.0), 0)
     else:
         # block scales one step ahead (a scalar load is not pipelined by the compiler: loaded in the
@@ -102,11 +112,11 @@ def _stream(a_ptrs, row_ok, b_ptrs, s_ptr, n_ok, K, kb0, kb1, BM: tl.constexpr, 
         sb = tl.load(s_ptr + kb0, mask=kb0 < kb1, other=0.0)
         for kb in range(kb0, kfull):
             sn = tl.load(s_ptr + kb + 1, mask=kb + 1 < kb1, other=0.0)
-            acc = _step(acc, a_ptrs, row_ok, b_ptrs, kb * BK_, sb, offs_k, n_ok, False, EVEN_N, A16, DOT_F32)
+            acc = _step(acc, a_ptrs, row_ok, b_ptrs, kb * BK_, sb, offs_k, n_ok, False, EVEN_N, A16, DOT_F32, X16)
             sb = sn
     if kfull < kb1:
         acc = _step(acc, a_ptrs, row_ok, b_ptrs, kfull * BK_, sb, offs_k < K - kfull * BK_, n_ok, True, EVEN_N, A16,
-                    DOT_F32)
+                    DOT_F32, X16)
     return acc
 
 
@@ -140,7 +150,7 @@ def gate_up_kernel(x_ptr, ids_ptr, w_ptr, s_ptr, b_ptr, h_ptr, ws_ptr, ticket_pt
                    TOPK: tl.constexpr, TB: tl.constexpr, PB: tl.constexpr, BM: tl.constexpr, BN: tl.constexpr,
                    BK_: tl.constexpr, SPLIT: tl.constexpr, EVEN_N: tl.constexpr, H16: tl.constexpr,
                    PLAN: tl.constexpr, ONE_CHUNK: tl.constexpr, DOT_F32: tl.constexpr, SK: tl.constexpr = 0,
-                   IDS1: tl.constexpr = False, PDL: tl.constexpr = False):
+                   IDS1: tl.constexpr = False, PDL: tl.constexpr = False, X16: tl.constexpr = False):
     trigger(PDL)   # the down grid (launch_pdl) may start; it waits for this grid before reading h
     s, pid_n, ks, kb0, kb1 = _program(tl.program_id(0), n_tiles, K, SPLIT, BK_)
     if IDS1:  # leader slots (not PLAN) from one load of the pair ids (``triton_moe_small_route``)
@@ -164,7 +174,7 @@ def gate_up_kernel(x_ptr, ids_ptr, w_ptr, s_ptr, b_ptr, h_ptr, ws_ptr, ticket_pt
         else:
             pair, row_ok = _rows(ids_ptr, slot_pairs_ptr, s, e, cnt, c, P, offset, TB, BM, PB, PLAN)
         a_ptrs = x_ptr + (pair // TOPK).to(tl.int64)[:, None] * stride_x + offs_k[None, :]
-        acc = _stream(a_ptrs, row_ok, b_ptrs, sc_ptr, n_ok, K, kb0, kb1, BM, BN, BK_, EVEN_N, False, DOT_F32, SK)
+        acc = _stream(a_ptrs, row_ok, b_ptrs, sc_ptr, n_ok, K, kb0, kb1, BM, BN, BK_, EVEN_N, False, DOT_F32, SK, X16)
         if SPLIT == 1:
             _swiglu_store(acc, bias, h_ptr, pair, row_ok, pid_n, N, stride_h, limit, alpha, BM, BN)
         else:
