@@ -162,6 +162,7 @@ class GemvConfig:
         if self.mode not in MODES:
             raise ValueError(f"gemv: mode must be one of {MODES}, got {self.mode!r}")
 
+
 @dataclass
 class _Workspace:
     partials: torch.Tensor  # [SPLIT, 16, N] fp32, one slice per K split, rewritten by every call
@@ -211,14 +212,15 @@ def gemv_fp8(x: torch.Tensor, weight: LinearWeight, cfg: GemvConfig | None = Non
     split = choose_split(N, K, cfg)
     ws = _workspace(weight, cfg.bn, split) if split > 1 else None
     bias = weight.bias
+    swap = cfg.mode == "swap" and x_fp8
+    dot16 = cfg.mode != "bf16" and not swap   # (the interpreter runs this one's fp16 dot too; the others in fp32)
     _gemv_splitk_kernel[(triton.cdiv(N, cfg.bn), split)](
         x, x_scale if x_fp8 else s, w, s, bias if bias is not None else s, out,
         ws.partials if ws else out, ws.tickets if ws else out,
         M, N, K, x.stride(0), x_scale.stride(0) if x_fp8 else 0, x_scale.stride(1) if x_fp8 else 0,
         w.stride(0), s.stride(0), out.stride(0),
         BN=cfg.bn, BK=BLOCK, SPLIT=split, HAS_BIAS=bias is not None, X_SCALED=x_fp8,
-        DOT_F32=interpreting() and cfg.mode != "dot16", DOT16=cfg.mode != "bf16", FENCE=not interpreting(),
-        SWAP=cfg.mode == "swap" and x_fp8,
+        DOT_F32=interpreting() and not dot16, DOT16=dot16, FENCE=not interpreting(), SWAP=swap,
         num_warps=cfg.warps, num_stages=cfg.stages,
     )
     return out
