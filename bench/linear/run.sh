@@ -1,17 +1,15 @@
 #!/usr/bin/env bash
-# Small-M dense FP8 linear on the GPU: its GPU tests (3 workers, capped at LINEAR_TEST_S), then the graph-timed sweep.
+# Small-M dense FP8 linear on the GPU: the graph-timed sweep (bench_gemv.py, default --sweep modes: the product modes on
+# the engine's decode calls; capped at LINEAR_BENCH_S), then its GPU tests (3 workers, capped at LINEAR_TEST_S).
 # Writes $OUT/linear-gemv.json and $OUT/linear.log. Extra arguments go to bench_gemv.py.
+#   LINEAR_STEPS=bench,tests (default) | tests | bench
 set -u
 cd "$(dirname "$0")/../.."
 source bench/steps.sh
 bench_env linear.log
-timeout "${LINEAR_TEST_S:-90}" python3 -m pytest -q -p no:cacheprovider --noconftest -o addopts="" -n "${LINEAR_TEST_N:-3}" \
-  tests/kernels/test_gemv_gpu.py 2>&1 | tail -30 | tee "$log"
-tests_rc=${PIPESTATUS[0]}
-bench_rc=0
-if [ "${LINEAR_STEPS:-tests,bench}" != tests ]; then  # LINEAR_STEPS=tests: the GPU tests only
-  python3 bench/linear/bench_gemv.py --out "$OUT" "$@" 2>&1 | tee -a "$log"
-  bench_rc=${PIPESTATUS[0]}
-fi
-echo "linear: tests rc=$tests_rc bench rc=$bench_rc" | tee -a "$log"
-[ "$tests_rc" = 0 ] && [ "$bench_rc" = 0 ]
+steps=",${LINEAR_STEPS:-bench,tests},"
+step bench "${LINEAR_BENCH_S:-80}" python3 bench/linear/bench_gemv.py --out "$OUT" "$@"
+step tests "${LINEAR_TEST_S:-80}" python3 -m pytest -q -p no:cacheprovider --noconftest -o addopts="" \
+  -n "${LINEAR_TEST_N:-3}" tests/kernels/test_gemv_gpu.py
+echo "linear: rc=$rc" | tee -a "$log"
+exit $rc
