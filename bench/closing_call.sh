@@ -3,7 +3,7 @@
 # bench/final_call.sh with
 # - every GPU test file except test_moe_small_gpu in parallel (pytest-xdist where named; two CPU threads a test
 #   process), then the Gluon MoE and fused MoE files one by one (GPU memory: the MoE tests build 120B-sized experts);
-# - test_moe_small_gpu filtered to the shipped decode tiles and the registered / graph-replay /
+# - test_moe_small_gpu filtered to the decode tiles default_tiles picks (read from the code) and the registered / graph-replay /
 #   EP tests (the whole file is 26 variants x 6 T x 2 models) as FINAL_EXTRA, beside the FlashInfer builds
 #   (cached in .fi-ws by an earlier call on the same warm machine: bench/candidates.sh attention);
 # - the same-run FlashInfer / SDPA attention comparison and `dayzero bench all` for 20B and 120B.
@@ -19,9 +19,15 @@ export FINAL_SERIAL="test_moe_gluon_gpu test_moe_gpu"
 export FINAL_XDIST="test_attention_gpu=3,test_attention_gluon_window_gpu=2,test_moe_gluon_gpu=4"
 export FINAL_TEST_S="${FINAL_TEST_S:-170}" FINAL_FI_BUILD_S="${FINAL_FI_BUILD_S:-250}" FINAL_FI_S="${FINAL_FI_S:-100}"
 export FINAL_EXTRA_S="${FINAL_EXTRA_S:-90}"
-small_k='(split_vs_reference and (gvq_d32_r or gvq2_d64_rp or gvqt8_d32_rp or bn64_r)) or registered or graph_replay'
+# the decode-MoE tiles that default_tiles picks at the tested T (1, 2, 4, 7, 8 and 16: 4-64 pairs) for 32 and 128 experts
+shipped=$(PYTHONPATH=shared python3 -c "
+from dayzero.kernels.triton_moe_small_split import VARIANTS, default_tiles
+names = {id(v): n for n, v in VARIANTS.items()}
+print(' or '.join(sorted({names[id(default_tiles(p, e))] for p in (4, 8, 16, 28, 32, 64) for e in (32, 128)})))" \
+  2>/dev/null || echo "gvq_d32_r or gvq2_d64_rp or gvqt8_d32_rp or bn64_r or bn64")
+small_k="(split_vs_reference and ($shipped)) or registered or graph_replay"
 small_k="$small_k or no_local or gemv_t1 or per_pair or expert_parallel or repeated or override"
-export FINAL_EXTRA="DAYZERO_MOE_SMALL_TEST_TS=1,2,4,7,8 python3 -m pytest -q -n 2 -p no:cacheprovider --noconftest \
+export FINAL_EXTRA="DAYZERO_MOE_SMALL_TEST_TS=1,2,4,7,8,16 python3 -m pytest -q -n 2 -p no:cacheprovider --noconftest \
 -o addopts='' --junitxml=\"\$OUT/test_moe_small_gpu.xml\" tests/kernels/test_moe_small_gpu.py -k '$small_k' \
 >\"\$OUT/test_moe_small_gpu.log\" 2>&1; tail -n 3 \"\$OUT/test_moe_small_gpu.log\""
 exec bash bench/final_call.sh
