@@ -9,7 +9,8 @@
 #   bash bench/candidates.sh peers       the HF transformers peer beside the engine (peers_run.sh, ~240 s)
 # Each part runs in its own $OUT/<part> folder under its own deadline; at the end every part's files are
 # packed into $OUT/<part>.tgz and its JSON also copied to $OUT/<part>--<name>.json (at most 8 files come back).
-# Carry .devmeta (git rev-parse HEAD > .devmeta/commit). Decision rules: bench/NOTES.md, per candidate.
+# Carry .devmeta (git rev-parse HEAD > .devmeta/commit). Decision rules: bench/NOTES.md, per candidate;
+# python3 bench/candidates_summary.py FILES puts each case's times beside the shipped one.
 set -u
 cd "$(dirname "$0")/.."
 OUT="${OUT:-out}"
