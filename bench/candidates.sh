@@ -1,11 +1,11 @@
 #!/usr/bin/env bash
-# The CPU-built candidates of sessions 6 and 7, tested and timed on the GPU in one call per area (attention <= ~545 s, moe <= ~480 s, peers ~250 s warm):
+# The CPU-built candidates of sessions 6 and 7, tested and timed on the GPU in one call per area (attention <= ~545 s, moe <= ~500 s, peers ~250 s warm):
 #   bash bench/candidates.sh attention   decode TMA presets (attention/run_s6b.sh), then the Gluon window's
 #                                        K/V group ring pk3sr* beside pk3s (attention/gluon_window_run.sh), then
 #                                        the small-M linear's product modes (linear/run.sh)
 #   bash bench/candidates.sh moe         MoE prefill folded tails (moe/fold_run.sh), then the decode-MoE
 #                                        tensor-core wg tiles at T = 1-2 (moe/run_wg.sh) and the fp16 gate_up of
-#                                        the MMA tiles at T = 8-64 (moe/run_x16.sh)
+#                                        the MMA tiles at T = 2-64 (moe/run_x16.sh)
 #   bash bench/candidates.sh peers       the HF transformers peer beside the engine (peers_run.sh, ~240 s)
 # Each part runs in its own $OUT/<part> folder under its own deadline; at the end every part's files are
 # packed into $OUT/<part>.tgz and its JSON also copied to $OUT/<part>--<name>.json (at most 8 files come back).
@@ -58,7 +58,7 @@ case "$area" in
   moe)
     part moe-fold 150 bash bench/moe/fold_run.sh
     part moe-wg 148 bash bench/moe/run_wg.sh
-    part moe-x16 150 bash bench/moe/run_x16.sh ;;
+    part moe-x16 170 bash bench/moe/run_x16.sh ;;
   peers)
     # HF transformers at its fastest beside the engine on the same 20B weights (logits at 2048 tokens: cosine and
     # top-1; prefill 8192; decode batch 1 / 64; per-op breakdown), on this commit's defaults

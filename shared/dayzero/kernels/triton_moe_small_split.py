@@ -184,9 +184,10 @@ VARIANTS = {
 }
 # session 6, CPU only (bench/NOTES.md "MoE decode run 12"; not timed): the FP8 tensor-core kernels at T = 1-2
 VARIANTS.update({name: SplitTiles(**kw, **_R) for name, kw in WG_VARIANTS.items()})
-# session 7, CPU only (bench/NOTES.md "Small-M dense linear", session 7): the shipped MMA tiles of T > 4 with gate_up's
-# products in fp16 (``x16``)
-VARIANTS.update({f"{name}_x16": replace(VARIANTS[name], x16=True) for name in ("bn64_r", "bn64", "g64_d128")})
+# session 7, CPU only (bench/NOTES.md "MoE decode: x16"): MMA tiles with gate_up's products in fp16 (``x16``): the
+# shipped ones of T > 4 and k1_d64_r (T = 2-4 beside the GEMV gate_up defaults)
+VARIANTS.update({f"{name}_x16": replace(VARIANTS[name], x16=True)
+                 for name in ("bn64_r", "bn64", "g64_d128", "k1_d64_r")})
 # the device tests run the engine on candidates before they become defaults: this environment variable
 # holds "name[@max_pairs],..." (``VARIANTS`` names); the first entry whose max_pairs >= T * k (or with
 # none) replaces the default tiles, pair counts past every entry keep the default
