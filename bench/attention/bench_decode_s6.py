@@ -81,7 +81,8 @@ def _splits(B: int, heur: int, L: int) -> list[int]:
     if heur == 1:
         return [1]
     want = {heur // 2, heur, 2 * heur}
-    return sorted(s for s in want if 2 <= s <= min(64, triton.cdiv(L, 64)))
+    # from 8 sequences also one split (one launch, no merge: B x 8 KV heads = 64+ programs; session 7)
+    return sorted(s for s in want if 2 <= s <= min(64, triton.cdiv(L, 64))) + ([1] if B >= 8 else [])
 
 
 def main() -> int:
