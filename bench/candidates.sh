@@ -8,9 +8,9 @@
 #                                        the MMA tiles at T = 2-64 (moe/run_x16.sh)
 #   bash bench/candidates.sh peers       the HF transformers peer beside the engine (peers_run.sh, ~240 s)
 # Each part runs in its own $OUT/<part> folder under its own deadline; at the end every part's files are
-# packed into $OUT/<part>.tgz and its JSON also copied to $OUT/<part>--<name>.json (at most 8 files come back).
+# packed into $OUT/<part>.tgz (at most 8 files come back from a call: candidates.log and one .tgz a part).
 # Carry .devmeta (git rev-parse HEAD > .devmeta/commit). Decision rules: bench/NOTES.md, per candidate;
-# python3 bench/candidates_summary.py FILES puts each case's times beside the shipped one.
+# python3 bench/candidates_summary.py <the .tgz files> puts each case's times beside the shipped one.
 set -u
 cd "$(dirname "$0")/.."
 OUT="${OUT:-out}"
@@ -27,7 +27,6 @@ part() {  # part NAME DEADLINE_S CMD...
   tail -n 15 "$OUT/$name/part.log" >> "$OUT/candidates.log"
   echo "=== $name rc=$r ($(date -u +%H:%M:%S))" | tee -a "$OUT/candidates.log"
   [ "$r" = 0 ] || rc=1
-  for j in "$OUT/$name"/*.json; do [ -f "$j" ] && cp "$j" "$OUT/$name--$(basename "$j")"; done
   tar czf "$OUT/$name.tgz" -C "$OUT" "$name" && rm -rf "${OUT:?}/$name"
 }
 case "$area" in
@@ -48,7 +47,7 @@ case "$area" in
       GLUON_WINDOW_REG_CFGS=pk3s,pk3sr,pk3sr6 GLUON_WINDOW_DIAG=pkL3,pkLr,pkL33d,pk3s_ns \
       bash bench/attention/gluon_window_run.sh
     # small-M dense linear (decode q/k/v, o, lm_head): the product modes of session 7 (bf16 shipped, dot16, swap),
-    # tests/kernels/test_gemv_gpu.py then bench_gemv.py --sweep modes
+    # bench_gemv.py --sweep modes, then tests/kernels/test_gemv_gpu.py
     part gemv 170 bash bench/linear/run.sh
     if [ -n "$fi_pid" ]; then
       wait "$fi_pid"; echo "FlashInfer builds rc=$? ($(date -u +%H:%M:%S))" | tee -a "$OUT/candidates.log"

@@ -1,7 +1,7 @@
 """Summarise the JSON a device call wrote (bench/candidates.sh, or files copied to bench/results/): per case, each
 implementation's GPU time beside the shipped one, so the decision rules in bench/NOTES.md can be applied at a glance.
 
-    python3 bench/candidates_summary.py DIR_OR_FILE [...]
+    python3 bench/candidates_summary.py DIR_OR_FILE [...]     (.json files, or the .tgz that candidates.sh packs)
 
 Knows the rows of bench_decode_s6.py (decode attention), gluon_window_bench.py (window prefill), bench_gluon.py (MoE
 prefill), bench_small.py (decode MoE) and bench_gemv.py (small-M linear); other files are listed as not understood.
@@ -13,6 +13,7 @@ from __future__ import annotations
 import json
 import pathlib
 import sys
+import tarfile
 from collections import defaultdict
 
 # kind -> (how a row is recognised, case key, implementation name, time in us, the shipped implementation)
@@ -36,11 +37,19 @@ KINDS = {
 }
 
 
-def rows_of(path: pathlib.Path) -> list[dict]:
-    doc = json.loads(path.read_text())
+def rows_of_doc(doc) -> list[dict]:
     if isinstance(doc, list):
         return doc
     return list(doc.get("rows") or doc.get("results") or [])
+
+
+def docs_of(path: pathlib.Path) -> list[tuple[str, object]]:
+    """(name, parsed JSON) of a .json file, or of every .json member of a .tgz / .tar.gz (what candidates.sh packs)."""
+    if path.name.endswith((".tgz", ".tar.gz")):
+        with tarfile.open(path) as tar:
+            return [(f"{path}:{m.name}", json.load(tar.extractfile(m))) for m in tar.getmembers()
+                    if m.isfile() and m.name.endswith(".json")]
+    return [(str(path), json.loads(path.read_text()))]
 
 
 def shipped_decode_moe(case: str) -> str | None:
@@ -93,18 +102,22 @@ def main(argv: list[str]) -> int:
     files = []
     for a in argv:
         p = pathlib.Path(a)
-        files += sorted(p.rglob("*.json")) if p.is_dir() else [p]
+        files += sorted([*p.rglob("*.json"), *p.rglob("*.tgz")]) if p.is_dir() else [p]
     rows, unknown = [], []
     for f in files:
         try:
-            got = rows_of(f)
-        except (OSError, ValueError, AttributeError) as e:
+            docs = docs_of(f)
+        except (OSError, ValueError, tarfile.TarError) as e:
             unknown.append(f"{f} ({type(e).__name__})")
             continue
-        before = sum(len(c) for k in summarise(rows).values() for c in k.values())
-        rows += got
-        if sum(len(c) for k in summarise(rows).values() for c in k.values()) == before:
-            unknown.append(str(f))
+        for name, doc in docs:
+            before = sum(len(c) for k in summarise(rows).values() for c in k.values())
+            try:
+                rows += rows_of_doc(doc)
+            except AttributeError:
+                pass
+            if sum(len(c) for k in summarise(rows).values() for c in k.values()) == before:
+                unknown.append(name)
     for kind, cases in summarise(rows).items():
         print_table(kind, cases)
     if unknown:

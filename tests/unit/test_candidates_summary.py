@@ -5,8 +5,10 @@ from __future__ import annotations
 
 import json
 import pathlib
+import shutil
 import subprocess
 import sys
+import tarfile
 
 ROOT = pathlib.Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT / "bench"))
@@ -41,7 +43,13 @@ def test_best_time_per_implementation_and_kinds():
 
 
 def test_cli_marks_the_shipped_row_and_lists_unknown_files(tmp_path):
-    (tmp_path / "a.json").write_text(json.dumps({"meta": {}, "rows": ROWS}))
+    # the rows inside a part's .tgz, as bench/candidates.sh packs them, and a file of no known kind beside it
+    part = tmp_path / "part"
+    part.mkdir()
+    (part / "a.json").write_text(json.dumps({"meta": {}, "rows": ROWS}))
+    with tarfile.open(tmp_path / "part.tgz", "w:gz") as tar:
+        tar.add(part, arcname="part")
+    shutil.rmtree(part)
     (tmp_path / "b.json").write_text(json.dumps({"meta": {}, "rows": [{"what": 1}]}))
     out = subprocess.run([sys.executable, str(ROOT / "bench" / "candidates_summary.py"), str(tmp_path)],
                          capture_output=True, text=True, check=True).stdout
