@@ -110,6 +110,8 @@ def main(argv: list[str]) -> int:
         except (OSError, ValueError, tarfile.TarError) as e:
             unknown.append(f"{f} ({type(e).__name__})")
             continue
+        if not docs:
+            unknown.append(f"{f} (no JSON)")
         for name, doc in docs:
             before = sum(len(c) for k in summarise(rows).values() for c in k.values())
             try:
