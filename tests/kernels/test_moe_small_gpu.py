@@ -109,6 +109,35 @@ def check_ep_slice(local_routes: int, tiles, seed: int, ready=None):
     assert rel(out, exact) <= 0.5 * e_ref + 2e-3, (rel(out, exact), e_ref)
     assert _tickets_zero(qs)
 
+
+def check_graph_replay(T: int, tiles, seed: int, wg: bool | None = None):
+    """20B experts, T tokens: two calls give equal bits, and a CUDA graph of the call replayed on new tokens,
+    routing weights and ids gives the eager call's bits; every ticket back at zero. ``wg``: the path it must take."""
+    from dayzero.kernels.triton_moe_small_split import MoeSplit, moe_split
+
+    if DEV != "cuda":
+        pytest.skip("CUDA graphs need a GPU")
+    q, _ = experts("20b")
+    E, H, _ = SHAPES["20b"]
+    x, w, ids = inputs(T, E, H, seed=seed)
+    run = MoeSplit(x, w, ids, q, LIMIT, tiles)
+    if wg is not None:
+        assert run.wg == wg
+    first = run().clone()
+    assert torch.equal(run(), first)                                        # bitwise repeatable
+    g = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(g):
+        out = run()
+    for s in (seed + 1, seed + 2):
+        x2, w2, ids2 = inputs(T, E, H, seed=s)
+        run.x.copy_(x2)
+        run.weights.copy_(w2)
+        run.ids.copy_(ids2)
+        g.replay()
+        torch.cuda.synchronize()
+        assert torch.equal(out, moe_split(x2, w2, ids2, q, LIMIT, tiles))
+    assert _tickets_zero(q)
+
 def check(name, T, seed, tiles=None, repeated=False, offset=0, E_local=None):
     from dayzero.kernels.triton_moe_small_split import moe_split
 
@@ -223,29 +252,9 @@ def test_split_deterministic_and_graph_replay_equals_eager(T, variant):
     # default tiles: T = 1 on the GEMV kernels, T = 2-4 GEMV gate_up per pair with PDL, fused MMA tiles
     # (leader slots, tickets in down), plan + combine at T = 16; k1: the MMA kernels at T = 1; _r: scale rows
     # and the vectorised combine; gvq2_d64_rp at T = 1: GEMV gate_up + MMA down under PDL
-    from dayzero.kernels.triton_moe_small_split import VARIANTS, MoeSplit
+    from dayzero.kernels.triton_moe_small_split import VARIANTS
 
-    if DEV != "cuda":
-        pytest.skip("CUDA graphs need a GPU")
-    q, _ = experts("20b")
-    E, H, _ = SHAPES["20b"]
-    x, w, ids = inputs(T, E, H, seed=1)
-    tiles = VARIANTS[variant] if variant else None
-    run = MoeSplit(x, w, ids, q, LIMIT, tiles)
-    first = run().clone()
-    assert torch.equal(run(), first)                                        # bitwise repeatable
-    g = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(g):
-        out = run()
-    for seed in (2, 3):
-        x2, w2, ids2 = inputs(T, E, H, seed=seed)
-        run.x.copy_(x2)
-        run.weights.copy_(w2)
-        run.ids.copy_(ids2)
-        g.replay()
-        torch.cuda.synchronize()
-        assert torch.equal(out, moe_split(x2, w2, ids2, q, LIMIT, tiles))
-    assert _tickets_zero(q)
+    check_graph_replay(T, VARIANTS[variant] if variant else None, seed=1)
 
 
 @pytest.mark.parametrize("variant", ["gv_d16", "gvg_d32_r", "gvq_d32_r", "gvq2_d64_rp"])

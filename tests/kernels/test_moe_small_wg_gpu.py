@@ -13,12 +13,11 @@ import pytest
 import torch
 
 from dayzero.kernels import torch_ops as ref
-from dayzero.kernels.types import ExpertWeights
-from gpu_util import DEV, poison, rel
+from gpu_util import DEV, rel
 
 pytest.importorskip("triton", reason="the Triton kernels need triton (GPU machines)")  # CI: skip at collection
-from test_moe_small_gpu import (LIMIT, SHAPES, _tickets_zero, check, check_ep_slice, experts,  # noqa: E402
-                               inputs)
+from test_moe_small_gpu import (LIMIT, SHAPES, _tickets_zero, check, check_ep_slice,  # noqa: E402
+                               check_graph_replay, experts, inputs)
 
 pytestmark = [pytest.mark.gpu,
               pytest.mark.skipif(DEV == "cuda" and not torch.cuda.is_available(), reason="needs a CUDA GPU")]
@@ -102,30 +101,7 @@ def test_wg_two_tokens_per_pair(repeated, variant):
 @pytest.mark.parametrize("T,variant", [(1, "wg_d64_s2"), (1, "wg128_d128_s4"), (2, "wg2_d64_s2"),
                                        (1, "wg128_d128_s4_q"), (2, "wg2_d64_s2_q"), (1, "wg_d64_s2_qt")])
 def test_wg_deterministic_and_graph_replay_equals_eager(T, variant):
-    from dayzero.kernels.triton_moe_small_split import MoeSplit, moe_split
-
-    if DEV != "cuda":
-        pytest.skip("CUDA graphs need a GPU")
-    q, _ = experts("20b")
-    E, H, _ = SHAPES["20b"]
-    x, w, ids = inputs(T, E, H, seed=81)
-    tiles = _tiles(variant)
-    run = MoeSplit(x, w, ids, q, LIMIT, tiles)
-    assert run.wg
-    first = run().clone()
-    assert torch.equal(run(), first)                                        # bitwise repeatable
-    g = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(g):
-        out = run()
-    for seed in (82, 83):
-        x2, w2, ids2 = inputs(T, E, H, seed=seed)
-        run.x.copy_(x2)
-        run.weights.copy_(w2)
-        run.ids.copy_(ids2)
-        g.replay()
-        torch.cuda.synchronize()
-        assert torch.equal(out, moe_split(x2, w2, ids2, q, LIMIT, tiles))
-    assert _tickets_zero(q)
+    check_graph_replay(T, _tiles(variant), seed=81, wg=True)
 
 
 def test_wg_rejects_bad_tiles():
