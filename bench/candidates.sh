@@ -7,15 +7,18 @@
 #                                        tensor-core wg tiles at T = 1-2 (moe/run_wg.sh) and the fp16 gate_up of
 #                                        the MMA tiles at T = 2-64 (moe/run_x16.sh)
 #   bash bench/candidates.sh peers       the HF transformers peer beside the engine (peers_run.sh, ~240 s)
+#   bash bench/candidates.sh fi          FlashInfer's fa2 / fa3 JIT builds alone, into .fi-ws (carry .whl; run it
+#                                        right before bench/closing_call.sh on the same warm machine, which then loads them)
 # Each part runs in its own $OUT/<part> folder under its own deadline; at the end every part's files are
 # packed into $OUT/<part>.tgz (at most 8 files come back from a call: candidates.log and one .tgz a part).
 # Carry .devmeta (git rev-parse HEAD > .devmeta/commit). Decision rules: bench/NOTES.md, per candidate;
 # python3 bench/candidates_summary.py <the .tgz files> puts each case's times beside the shipped one.
 set -u
 cd "$(dirname "$0")/.."
+export PYTHONPATH="shared${PYTHONPATH:+:$PYTHONPATH}"
 OUT="${OUT:-out}"
 mkdir -p "$OUT"
-area="${1:?usage: bench/candidates.sh attention|moe|peers}"
+area="${1:?usage: bench/candidates.sh attention|moe|peers|fi}"
 rc=0
 part() {  # part NAME DEADLINE_S CMD...
   local name=$1 cap=$2; shift 2
@@ -54,6 +57,10 @@ case "$area" in
       tail -n 6 "$OUT/fi-build/build.log" >> "$OUT/candidates.log"
       tar czf "$OUT/fi-build.tgz" -C "$OUT" fi-build && rm -rf "$OUT/fi-build"
     fi ;;
+  fi)
+    source bench/peers_install.sh >> "$OUT/candidates.log" 2>&1
+    part fi-build "${FI_BUILD_S:-300}" python3 bench/attention/flashinfer_compare.py --out "$OUT/fi-build" --build-only \
+      --budget-s "${FI_BUILD_S:-300}" --build-s $(( ${FI_BUILD_S:-300} - 10 )) --jit-workers 8 ;;
   moe)
     part moe-fold 150 bash bench/moe/fold_run.sh
     part moe-wg 148 bash bench/moe/run_wg.sh
@@ -62,7 +69,7 @@ case "$area" in
     # HF transformers at its fastest beside the engine on the same 20B weights (logits at 2048 tokens: cosine and
     # top-1; prefill 8192; decode batch 1 / 64; per-op breakdown), on this commit's defaults
     part peers-hf 240 env PEERS_FI=0 PEERS_HF_S=230 bash bench/peers_run.sh ;;
-  *) echo "unknown area $area (attention|moe|peers)"; exit 2 ;;
+  *) echo "unknown area $area (attention|moe|peers|fi)"; exit 2 ;;
 esac
 sed -i -E "s#$(pwd)/#<repo>/#g; s#/(root|tmp)/[^ :]*#<path>#g" "$OUT/candidates.log"
 echo "candidates $area: rc=$rc" | tee -a "$OUT/candidates.log"

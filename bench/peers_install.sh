@@ -12,12 +12,23 @@ export PEERS_SITE="${PEERS_SITE:-/tmp/site}"
 # FlashInfer's JIT cache (shared by the parallel builds of flashinfer_compare.py): a git-ignored folder of the
 # repository, which the device tool keeps between calls on a warm machine (a later call's builds load from it)
 export FLASHINFER_WORKSPACE_BASE="${FLASHINFER_WORKSPACE_BASE:-$_peers_root/.fi-ws}"
-if ls "$_peers_wheels"/*.whl >/dev/null 2>&1; then
+if ls "$_peers_wheels"/*.whl "$_peers_wheels"/*.tar.xz >/dev/null 2>&1; then
   mkdir -p "$PEERS_SITE"
-  if python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade \
-      --target "$PEERS_SITE" "$_peers_wheels"/*.whl; then
+  _peers_unpack() {  # a pure-Python wheel repacked as tar.xz by peers_fetch.sh (to fit the carry): unpacked as pip would
+    python3 - "$PEERS_SITE" "$_peers_wheels" <<'PY' || return 1
+import glob, os, sys, tarfile
+for p in glob.glob(os.path.join(sys.argv[2], "*.tar.xz")):
+    with tarfile.open(p) as t:
+        t.extractall(sys.argv[1], filter="data")
+PY
+    if ls "$_peers_wheels"/*.whl >/dev/null 2>&1; then
+      python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade \
+        --target "$PEERS_SITE" "$_peers_wheels"/*.whl
+    fi
+  }
+  if _peers_unpack; then
     case ":${PYTHONPATH:-}:" in *":$PEERS_SITE:"*) ;; *) export PYTHONPATH="$PEERS_SITE${PYTHONPATH:+:$PYTHONPATH}" ;; esac
-    echo "peers_install: installed $(ls "$_peers_wheels"/*.whl | wc -l) wheels into $PEERS_SITE"
+    echo "peers_install: installed $(ls "$_peers_wheels"/*.whl "$_peers_wheels"/*.tar.xz 2>/dev/null | wc -l) wheels into $PEERS_SITE"
     python3 -c "import flashinfer; print('peers_install: flashinfer', flashinfer.__version__)" \
       || echo "peers_install: flashinfer does not import (the comparison will be skipped)"
   else
@@ -26,5 +37,5 @@ if ls "$_peers_wheels"/*.whl >/dev/null 2>&1; then
 else
   echo "peers_install: no wheels in $_peers_wheels (the FlashInfer comparison will be skipped)"
 fi
-unset _peers_root _peers_wheels
+unset -f _peers_unpack; unset _peers_root _peers_wheels
 true

@@ -291,7 +291,7 @@ def test_tiles_override_from_environment(monkeypatch):
     monkeypatch.setenv(TILES_ENV, "gv_d16@4,k1_d32@32")
     assert default_tiles(4, 32) is VARIANTS["gv_d16"]
     assert default_tiles(8, 32) is VARIANTS["k1_d32"]
-    assert default_tiles(64, 32) is VARIANTS["bn64"]          # past every entry: the built-in default
+    assert default_tiles(64, 32) is VARIANTS["bn64_x16"]          # past every entry: the built-in default
     monkeypatch.setenv(TILES_ENV, "nope@4")
     with pytest.raises(ValueError, match="NAME"):
         default_tiles(4, 32)

@@ -152,11 +152,12 @@ class GemvConfig:
     warps: int = 4
     stages: int = 4
     target_programs: int = 264  # 2 per SM on an H200
-    # the products (opt-in candidates of session 7, DAYZERO_GEMV_MODE; bench/NOTES.md "Small-M dense linear"): "bf16"
-    # (shipped: e4m3 -> bf16 widening, two quarter-rate F2F a weight, bounds the kernel), "dot16" (fp16 products:
-    # one F2FP per two weights; fp8 x widens exactly, bf16 x through power-of-two row scales), "swap" (fp8 x: the
-    # weight tile as the A operand of an e4m3 x e4m3 wgmma, nothing widened; bf16 x: as dot16)
-    mode: str = field(default_factory=lambda: os.environ.get("DAYZERO_GEMV_MODE", "bf16"))
+    # the products (DAYZERO_GEMV_MODE; bench/NOTES.md "Small-M dense linear"): "swap" (default since session 8:
+    # fp8 x: the weight tile as the A operand of an e4m3 x e4m3 wgmma, nothing widened; bf16 x: as dot16; H200, M = 1:
+    # qkv 15.8 -> 8.8 us, o 9.9 -> 9.0, lm_head 193 -> 164), "dot16" (fp16 products: one F2FP per two weights; fp8 x
+    # widens exactly, bf16 x through power-of-two row scales), "bf16" (the earlier kernel: e4m3 -> bf16 widening, two
+    # quarter-rate F2F a weight, which bound it)
+    mode: str = field(default_factory=lambda: os.environ.get("DAYZERO_GEMV_MODE", "swap"))
 
     def __post_init__(self) -> None:
         if self.mode not in MODES:

@@ -216,18 +216,17 @@ def takes_split(pairs: int, E: int) -> bool:
 
 
 def default_tiles(pairs: int, E: int) -> SplitTiles:
-    """Run 11 call 2 (bench/NOTES.md "MoE decode run 11", same-run anchors, CUDA graphs, 20B / 120B us; picked
-    by ``bench/moe/pick_small.py``, then the registered-op / graph-replay tests and the engine's CUDA-graph
-    test passed on these tiles): gvq_d32_r at T * k <= 4 (T = 1: 40.5 / 40.5 vs gvg_d32 43.8 / 44.0),
-    gvq2_d64_rp at <= 8 (T = 2: 70.9 / 72.2 vs k1_d64 76.0 / 78.5), gvqt8_d32_rp at <= 16 (T = 4: 105.5 /
-    122.1 vs the aligned path 119.1 / gv64_d32 149.0; 20B T = 3-4 now on this path, ``takes_split``),
-    bn64_r at <= 32 (T = 8: 188.0 / 244.8 vs bn64 192.7 / 252.5), bn64 above (run 5).
+    """Session 8's candidate call (bench/NOTES.md "Session 8", same-run anchors, CUDA graphs, 20B / 120B us; each
+    pick > 2 % (wg, pick_small's rule) or >= 3 % (x16 twins) faster at both E, its GPU tests passed there):
+    wg_d64_s2_qt at T * k <= 4 (T = 1: 34.9 / 34.9 vs gvq_d32_r 40.4 / 40.4), gvq2_d64_r at <= 8 (T = 2: 67.0 / 68.6
+    vs gvq2_d64_rp 70.5 / 71.8), gvqt8_d32_rp at <= 16 (run 11: T = 4 105.5 / 122.1), bn64_r_x16 at <= 32 (T = 8:
+    174.9 / 224.9 vs bn64_r 186.9 / 244.1), bn64_x16 above (T = 16: 212.1 / 331.7 vs bn64 233.7 / 371.5).
     ``DAYZERO_MOE_SMALL_TILES`` overrides it (``forced_tiles``: device tests of candidates)."""
     forced = forced_tiles(pairs)
     if forced is not None:
         return forced
-    return VARIANTS["gvq_d32_r" if pairs <= 4 else "gvq2_d64_rp" if pairs <= 8 else "gvqt8_d32_rp" if pairs <= 16
-                    else "bn64_r" if pairs <= 32 else "bn64"]
+    return VARIANTS["wg_d64_s2_qt" if pairs <= 4 else "gvq2_d64_r" if pairs <= 8 else "gvqt8_d32_rp" if pairs <= 16
+                    else "bn64_r_x16" if pairs <= 32 else "bn64_x16"]
 
 
 def choose_split(requested: int, slots: int, n_tiles: int, K: int, tiles: SplitTiles) -> int:
