@@ -3,6 +3,7 @@ as a ``DAYZERO_MOE_SMALL_TILES`` rule ("name@max_pairs,...") for the device test
 (run.sh step ``small_graph``) and a table (stderr) of every variant against the shipped default.
 
     python3 bench/moe/pick_small.py OUT/moe-small.json [OUT/small-tests.xml]
+    python3 bench/moe/pick_small.py --shipped      (the shipped tiles at T = 1, 2, 4, 8 as such a rule)
 
 A variant replaces the shipped default at a T only when it is faster at both E = 32 and E = 128 by
 more than ``MARGIN`` (run-to-run spread of graph timings here: ~1 %); else the default stays. With the
@@ -60,7 +61,21 @@ def pick(rows: list, bad: frozenset = frozenset()) -> tuple[str, list]:
     return ",".join(f"{n}@{p}" for n, p in rule), table
 
 
+def shipped_rule(ts=(1, 2, 4, 8)) -> str:
+    """The shipped tiles at those T as a rule of ``pick``'s form (what ``pick`` prints when nothing wins)."""
+    rule = []
+    for T in ts:
+        if rule and rule[-1][0] == shipped(T):
+            rule[-1] = (shipped(T), T * K_TOP)
+        else:
+            rule.append((shipped(T), T * K_TOP))
+    return ",".join(f"{n}@{p}" for n, p in rule)
+
+
 def main() -> int:
+    if sys.argv[1:] == ["--shipped"]:
+        print(shipped_rule())
+        return 0
     with open(sys.argv[1], encoding="utf-8") as f:
         rows = json.load(f)["rows"]
     bad = frozenset(failed_variants(sys.argv[2])) if len(sys.argv) > 2 else frozenset()

@@ -1,21 +1,38 @@
 #!/usr/bin/env bash
-# The FP8 tensor-core decode-MoE candidates (``triton_moe_small_wg``, bench/NOTES.md "MoE decode run 12") on the
-# GPU in one call of <= 150 s: their GPU tests (reference at T = 1-2 on both models, EP slices, no-local zeros,
-# graph replay == eager), then ``bench_small.py`` timing them at T = 1 and 2 beside the shipped tiles
-# (gvq_d32_r / gvq2_d64_rp) in the same process, and the sm_90 build numbers of the candidates.
-# Writes $OUT/moe-wg.log, $OUT/wg-tests.xml, $OUT/moe-small.json (bench_small's). Carry .devmeta.
-#   bash bench/moe/run_wg.sh            (WG_STEPS=tests,bench: both; WG_TS=1,2)
+# The FP8 tensor-core decode-MoE tiles (``triton_moe_small_wg``, bench/NOTES.md "MoE decode run 12", "Session 8")
+# on the GPU in one call: ``bench_small.py`` times the candidates beside the shipped tiles at each T in the same
+# process, then their GPU tests (reference at T = 1-8 on both models, EP slices, no-local zeros, graph replay ==
+# eager); WG_STEPS=...,pick: ``pick_small.py`` turns the winners (> 2 % faster at both E, tests passed) into a
+# DAYZERO_MOE_SMALL_TILES rule and, where it differs from the shipped tiles, runs the registered-op / graph-replay
+# tests, the engine's CUDA-graph tests and the 20B / 120B decode rows (batch 1 and 64) under it.
+# Writes $OUT/moe-wg.log, $OUT/wg-tests.xml, $OUT/moe-small.json (bench_small's), $OUT/bench-decode-*.json. Carry .devmeta.
+#   bash bench/moe/run_wg.sh            (WG_STEPS=bench,tests[,pick]; WG_TS=1,2,4,8; WG_T<T>: the variants at T)
 set -u
 cd "$(dirname "$0")/../.."
 source bench/steps.sh
 bench_env moe-wg.log
 export DAYZERO_DEADLINE="${DAYZERO_DEADLINE:-$(( $(date +%s) + 145 ))}"
-steps=",${WG_STEPS:-tests,bench},"
-wg=$(python3 -c "from dayzero.kernels.triton_moe_small_wg import WG_VARIANTS; print(','.join(n for n in WG_VARIANTS if not n.startswith('wg2')))")
-# bench first (its compile workers fill Triton's cache for the tests too); T = 1: the wg2 tiles are wg_d64_s2(_q)
-# there; T = 2: only the wg2 tiles run wg kernels
-step bench 80 env MOE_SMALL_VARIANTS_T1="gvq_d32_r,$wg" MOE_SMALL_VARIANTS_T2="gvq2_d64_rp,gvq2_d64_r,wg2_d64_s2,wg2_d64_s2_q" \
-  python3 bench/moe/bench_small.py --out "$OUT" --ts "${WG_TS:-1,2}"
-step tests 55 python3 -m pytest -q -n 2 -p no:cacheprovider --noconftest -o addopts="" \
+steps=",${WG_STEPS:-bench,tests},"
+# bench first (its compile workers fill Triton's cache for the tests too); the shipped tile at each T first
+step bench 90 env MOE_SMALL_VARIANTS_T1="${WG_T1:-wg_d64_s2_qt,gvq_d32_r,wg_d64_s2_qtp,wg128_d128_s4_qt,wg128_d128_s4_qtp}" \
+  MOE_SMALL_VARIANTS_T2="${WG_T2:-gvq2_d64_r,wg2_d64_s2,wg2_d64_s2_p,wg2_d64_s2_qtp}" \
+  MOE_SMALL_VARIANTS_T4="${WG_T4:-gvqt8_d32_rp,wg4_d64_s2_p,wg4_d64_s2_qtp,wg8_d64_qtp}" \
+  MOE_SMALL_VARIANTS_T8="${WG_T8:-bn64_r_x16,wg8_d64_qtp}" \
+  python3 bench/moe/bench_small.py --out "$OUT" --ts "${WG_TS:-1,2,4,8}"
+step tests 60 python3 -m pytest -q -n 2 -p no:cacheprovider --noconftest -o addopts="" \
   tests/kernels/test_moe_small_wg_gpu.py --junitxml "$OUT/wg-tests.xml"
+# the picks as the default (through the env override), then what a default change must pass, and the engine rows
+step pick 150 sh -c 'rule=$(python3 bench/moe/pick_small.py "$1/moe-small.json" "$1/wg-tests.xml") || exit 1
+  base=$(python3 bench/moe/pick_small.py --shipped)
+  echo "picked: $rule (shipped: $base)"
+  [ "$rule" = "$base" ] && { echo "nothing beats the shipped tiles"; exit 0; }
+  export DAYZERO_MOE_SMALL_TILES="$rule"
+  DAYZERO_MOE_SMALL_TEST_TS=1,2,3,4,5,8 python3 -m pytest -q -n 2 -p no:cacheprovider --noconftest -o addopts="" \
+    tests/kernels/test_moe_small_gpu.py -k "registered or graph_replay or override" || exit 1
+  python3 -m pytest -q -p no:cacheprovider --noconftest -o addopts="" tests/kernels/test_cuda_graph_gpu.py \
+    tests/kernels/test_engine_triton_gpu.py || exit 1
+  for m in 20b 120b; do
+    python3 -m dayzero bench decode --model $m --batch 1,64 --context 1024 --steps 16 --json "$1/bench-decode-$m.json" \
+      2>&1 | grep -E "^decode" || exit 1
+  done' _ "$OUT"
 exit $rc

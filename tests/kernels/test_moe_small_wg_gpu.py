@@ -35,8 +35,13 @@ def _tiles(name):
     return VARIANTS[name]
 
 
-@pytest.mark.parametrize("variant", _wg())
-@pytest.mark.parametrize("T", [1, 2])
+def _wg_cases():
+    """(T, variant): every wg variant at T = 1 and 2, and the wg4 / wg8 ones at each larger T they take."""
+    return [(T, v) for v in _wg() for T in (1, 2)] + \
+        [(T, v) for v in _wg() for T in (4, 8) if _tiles(v).gemv_max_t >= T]
+
+
+@pytest.mark.parametrize("T,variant", _wg_cases())
 @pytest.mark.parametrize("name", ["20b", "120b"])
 def test_wg_vs_reference(name, T, variant):
     from dayzero.kernels.triton_moe_small_split import MoeSplit
@@ -82,7 +87,7 @@ def test_wg_hq_h_near_its_bound(variant):
     assert rel(out, exact) <= 0.5 * e_ref + 2e-3, (rel(out, exact), e_ref)
 
 
-@pytest.mark.parametrize("variant", ["wg_d64", "wg128_d128_s4", "wg_d64_s2_q", "wg128_d128_s4_qt"])
+@pytest.mark.parametrize("variant", ["wg_d64", "wg128_d128_s4", "wg_d64_s2_q", "wg128_d128_s4_qt", "wg_d64_s2_qtp"])
 @pytest.mark.parametrize("local_routes", [0, 2])
 def test_wg_expert_parallel_slice(local_routes, variant):
     # this rank owns experts 8..15: routes elsewhere are skipped (the down tickets count local pairs x splits);
@@ -99,7 +104,9 @@ def test_wg_two_tokens_per_pair(repeated, variant):
 
 
 @pytest.mark.parametrize("T,variant", [(1, "wg_d64_s2"), (1, "wg128_d128_s4"), (2, "wg2_d64_s2"),
-                                       (1, "wg128_d128_s4_q"), (2, "wg2_d64_s2_q"), (1, "wg_d64_s2_qt")])
+                                       (1, "wg128_d128_s4_q"), (2, "wg2_d64_s2_q"), (1, "wg_d64_s2_qt"),
+                                       (1, "wg_d64_s2_qtp"), (2, "wg2_d64_s2_p"), (4, "wg4_d64_s2_qtp"),
+                                       (8, "wg8_d64_qtp")])
 def test_wg_deterministic_and_graph_replay_equals_eager(T, variant):
     check_graph_replay(T, _tiles(variant), seed=81, wg=True)
 

@@ -30,6 +30,7 @@ import torch
 import triton
 import triton.language as tl
 
+from .triton_moe_small_pdl import trigger, wait
 from .triton_moe_small_split_kernels import _combine_tile, _ticket
 
 FP8_MAX = tl.constexpr(448.0)
@@ -52,6 +53,19 @@ WG_VARIANTS = {
     # _t: the weight tiles through TMA (one bulk copy per tile and step instead of 4-8 cp.async per thread)
     "wg_d64_s2_qt": dict(bn_gate_up=64, bn_down=64, wg_split_down=2, wg_hq=True, wg_tma=True, **_WG),
     "wg128_d128_s4_qt": dict(bn_gate_up=128, bn_down=128, wg_split_down=4, wg_hq=True, wg_tma=True, **_WG),
+    # session 8 (bench/NOTES.md "Session 8"): _p = the down grid launched with PDL (gate_up lets it start; down
+    # waits before its first h load or store), and wg4 / wg8 = the wg kernels up to 4 / 8 tokens (one program per
+    # pair and N tile: a weight tile shared by two pairs is read twice, the second time mostly from L2)
+    "wg_d64_s2_qtp": dict(bn_gate_up=64, bn_down=64, wg_split_down=2, wg_hq=True, wg_tma=True, pdl=True, **_WG),
+    "wg128_d128_s4_qtp": dict(bn_gate_up=128, bn_down=128, wg_split_down=4, wg_hq=True, wg_tma=True, pdl=True,
+                              **_WG),
+    "wg2_d64_s2_p": dict(bn_gate_up=64, bn_down=64, wg_split_down=2, gemv_max_t=2, pdl=True, **_WG),
+    "wg2_d64_s2_qtp": dict(bn_gate_up=64, bn_down=64, wg_split_down=2, gemv_max_t=2, wg_hq=True, wg_tma=True,
+                           pdl=True, **_WG),
+    "wg4_d64_s2_p": dict(bn_gate_up=64, bn_down=64, wg_split_down=2, gemv_max_t=4, pdl=True, **_WG),
+    "wg4_d64_s2_qtp": dict(bn_gate_up=64, bn_down=64, wg_split_down=2, gemv_max_t=4, wg_hq=True, wg_tma=True,
+                           pdl=True, **_WG),
+    "wg8_d64_qtp": dict(bn_gate_up=64, bn_down=64, gemv_max_t=8, wg_hq=True, wg_tma=True, pdl=True, **_WG),
 }
 
 
@@ -167,7 +181,8 @@ def wg_gate_up_kernel(x_ptr, ids_ptr, w_ptr, s_ptr, b_ptr, h_ptr, K, N, P, offse
                       stride_wn, stride_se, stride_sn, stride_be, stride_h, limit, alpha, hs,
                       TOPK: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr, BT: tl.constexpr, X2: tl.constexpr,
                       KP: tl.constexpr, EVEN_K: tl.constexpr, DOT_F32: tl.constexpr, HQ: tl.constexpr,
-                      TMA: tl.constexpr = False):
+                      TMA: tl.constexpr = False, PDL: tl.constexpr = False):
+    trigger(PDL)   # the down grid (launch_pdl) may start; it waits for this grid before reading h
     pid = tl.program_id(0)
     j = pid % P
     tile = pid // P
@@ -201,14 +216,15 @@ def wg_down_kernel(h_ptr, ids_ptr, wt_ptr, w_ptr, s_ptr, b_ptr, y_ptr, out_ptr, 
                    offset, E, stride_h, stride_we, stride_wn, stride_se, stride_sn, stride_be, stride_o, hs,
                    TOPK: tl.constexpr, PB: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr, BT: tl.constexpr,
                    KP: tl.constexpr, X2: tl.constexpr, SPLIT: tl.constexpr, EVEN_K: tl.constexpr, DOT_F32: tl.constexpr,
-                   HQ: tl.constexpr, TMA: tl.constexpr = False):
+                   HQ: tl.constexpr, TMA: tl.constexpr = False, PDL: tl.constexpr = False):
     pid = tl.program_id(0)
     sp = pid % SPLIT
     tile = (pid // SPLIT) % n_tiles
     j = pid // (SPLIT * n_tiles)
     rows = tile * BN + tl.arange(0, BN)
     n_ok = rows < N
-    local = _local_pairs(ids_ptr, P, offset, E, PB)
+    local = _local_pairs(ids_ptr, P, offset, E, PB)   # (ids: written before gate_up started)
+    wait(PDL)   # gate_up complete (h visible) before the first h load or any store
     if local == 0:  # nothing routed to this rank: nobody draws a ticket, one program per tile writes zeros
         if (j == 0) & (sp == 0):
             _combine_tile(y_ptr, ids_ptr, out_ptr, T, P, N, offset, E, stride_o, rows, n_ok, TOPK, SPLIT, BN)
@@ -280,7 +296,7 @@ def launch_gate_up(run, alpha: float, dot_f32: bool) -> None:
         run.x, run.ids, _weights(w, t.bn_gate_up, _tma(run, w)), s, b, h, run.H, 2 * run.I, run.P, run.offset, run.E, run.x.stride(0), w.stride(0),
         w.stride(1), s.stride(0), s.stride(1), b.stride(0), h.stride(0), run.limit, alpha, _h_scale(run),
         TOPK=run.k, BN=t.bn_gate_up, BK=128, BT=16, KP=triton.next_power_of_2(run.H), X2=t.wg, EVEN_K=run.H % 128 == 0, DOT_F32=dot_f32,
-        HQ=t.wg_hq, TMA=_tma(run, w), num_warps=t.warps, num_stages=t.wg_stages)
+        HQ=t.wg_hq, TMA=_tma(run, w), PDL=run.pdl, num_warps=t.warps, num_stages=t.wg_stages)
 
 
 def launch_down(run, dot_f32: bool) -> None:
@@ -292,4 +308,5 @@ def launch_down(run, dot_f32: bool) -> None:
         h, run.ids, run.weights, _weights(w, t.bn_down, _tma(run, w)), s, b, run.y, run.out, run.tickets2, run.I, run.H, run.nt2, run.T, run.P,
         run.offset, run.E, h.stride(0), w.stride(0), w.stride(1), s.stride(0), s.stride(1), b.stride(0),
         run.out.stride(0), _h_scale(run), TOPK=run.k, PB=run.pb, BN=t.bn_down, BK=128, BT=16, KP=triton.next_power_of_2(run.I), X2=t.wg, SPLIT=run.s2,
-        EVEN_K=run.I % 128 == 0, DOT_F32=dot_f32, HQ=t.wg_hq, TMA=_tma(run, w), num_warps=t.warps_down or t.warps, num_stages=t.wg_stages)
+        EVEN_K=run.I % 128 == 0, DOT_F32=dot_f32, HQ=t.wg_hq, TMA=_tma(run, w), PDL=run.pdl,
+        num_warps=t.warps_down or t.warps, num_stages=t.wg_stages, **run._pdl_launch())
