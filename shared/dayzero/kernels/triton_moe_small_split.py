@@ -216,16 +216,18 @@ def takes_split(pairs: int, E: int) -> bool:
 
 
 def default_tiles(pairs: int, E: int) -> SplitTiles:
-    """Session 8's candidate call (bench/NOTES.md "Session 8", same-run anchors, CUDA graphs, 20B / 120B us; each
-    pick > 2 % (wg, pick_small's rule) or >= 3 % (x16 twins) faster at both E, its GPU tests passed there):
-    wg_d64_s2_qt at T * k <= 4 (T = 1: 34.9 / 34.9 vs gvq_d32_r 40.4 / 40.4), gvq2_d64_r at <= 8 (T = 2: 67.0 / 68.6
-    vs gvq2_d64_rp 70.5 / 71.8), gvqt8_d32_rp at <= 16 (run 11: T = 4 105.5 / 122.1), bn64_r_x16 at <= 32 (T = 8:
-    174.9 / 224.9 vs bn64_r 186.9 / 244.1), bn64_x16 above (T = 16: 212.1 / 331.7 vs bn64 233.7 / 371.5).
+    """Session 8's calls (bench/NOTES.md "Session 8", same-run anchors, CUDA graphs, 20B / 120B us; each pick
+    > 2 % faster at both E than the tile it replaced (``bench/moe/pick_small.py``), its GPU tests, the
+    registered-op / graph-replay tests and the engine's CUDA-graph tests passed under it): wg_d64_s2_qt at
+    T * k <= 4 (T = 1: 34.5 / 34.8 vs gvq_d32_r 40.2 / 40.6), wg2_d64_s2_qtp at <= 8 (T = 2: 60.9 / 62.6 vs
+    gvq2_d64_r 65.6 / 66.9), wg8_d64_qtp at <= 16 (T = 4: 96.0 / 111.9 vs gvqt8_d32_rp 103.2 / 118.8),
+    bn64_r_x16 at <= 32 (T = 8: 174.9 / 224.9 vs bn64_r 186.9 / 244.1; wg8_d64_qtp 176.1 / 197.7 is slower at
+    E = 32), bn64_x16 above (T = 16: 212.1 / 331.7 vs bn64 233.7 / 371.5).
     ``DAYZERO_MOE_SMALL_TILES`` overrides it (``forced_tiles``: device tests of candidates)."""
     forced = forced_tiles(pairs)
     if forced is not None:
         return forced
-    return VARIANTS["wg_d64_s2_qt" if pairs <= 4 else "gvq2_d64_r" if pairs <= 8 else "gvqt8_d32_rp" if pairs <= 16
+    return VARIANTS["wg_d64_s2_qt" if pairs <= 4 else "wg2_d64_s2_qtp" if pairs <= 8 else "wg8_d64_qtp" if pairs <= 16
                     else "bn64_r_x16" if pairs <= 32 else "bn64_x16"]
 
 
