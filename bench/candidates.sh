@@ -3,9 +3,9 @@
 #   bash bench/candidates.sh attention   decode TMA presets (attention/run_s6b.sh), then the Gluon window's
 #                                        K/V group ring pk3sr* beside pk3s (attention/gluon_window_run.sh), then
 #                                        the small-M linear's product modes (linear/run.sh)
-#   bash bench/candidates.sh moe         MoE prefill folded tails (moe/fold_run.sh), then the decode-MoE
-#                                        tensor-core wg tiles at T = 1-2 (moe/run_wg.sh) and the fp16 gate_up of
-#                                        the MMA tiles at T = 2-64 (moe/run_x16.sh)
+#   bash bench/candidates.sh moe         the decode-MoE tensor-core tiles at T = 1-8 (moe/run_wg.sh: the slot
+#                                        kernels beside the shipped tiles, tests, pick -> engine graph tests and
+#                                        decode rows); MOE_PARTS=fold,wg,x16 adds session 8's fold / x16 parts
 #   bash bench/candidates.sh peers       the HF transformers peer beside the engine (peers_run.sh, ~240 s)
 #   bash bench/candidates.sh fi          FlashInfer's fa2 / fa3 JIT builds alone, into .fi-ws (carry .whl; run it
 #                                        right before bench/closing_call.sh on the same warm machine, which then loads them)
@@ -62,9 +62,12 @@ case "$area" in
     part fi-build "${FI_BUILD_S:-300}" python3 bench/attention/flashinfer_compare.py --out "$OUT/fi-build" --build-only \
       --budget-s "${FI_BUILD_S:-300}" --build-s $(( ${FI_BUILD_S:-300} - 10 )) --jit-workers 8 ;;
   moe)
-    part moe-fold 150 bash bench/moe/fold_run.sh
-    part moe-wg 148 bash bench/moe/run_wg.sh
-    part moe-x16 170 bash bench/moe/run_x16.sh ;;
+    # session 8 measured the fold tails (not taken), the wg tiles and x16 (taken): `MOE_PARTS=fold,wg,x16` runs those
+    # again; by default the wg call with the slot kernels (session 8, CPU only) and the pick -> engine rows step
+    parts=",${MOE_PARTS:-wg},"
+    case "$parts" in *,fold,*) part moe-fold 150 bash bench/moe/fold_run.sh ;; esac
+    case "$parts" in *,wg,*) part moe-wg 330 env WG_STEPS=bench,tests,pick bash bench/moe/run_wg.sh ;; esac
+    case "$parts" in *,x16,*) part moe-x16 170 bash bench/moe/run_x16.sh ;; esac ;;
   peers)
     # HF transformers at its fastest beside the engine on the same 20B weights (logits at 2048 tokens: cosine and
     # top-1; prefill 8192; decode batch 1 / 64; per-op breakdown), on this commit's defaults

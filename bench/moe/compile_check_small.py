@@ -22,6 +22,7 @@ from triton.compiler.compiler import ASTSource
 from dayzero.kernels import triton_moe_small_gemv as G
 from dayzero.kernels import triton_moe_small_split_kernels as S
 from dayzero.kernels import triton_moe_small_wg as WG
+from dayzero.kernels import triton_moe_small_wgs as WGS
 
 sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[1]))
 from sm90 import build_sm90  # noqa: E402
@@ -65,7 +66,7 @@ def gemv_loop(sass: str) -> int:
 
 def check(kernel, consts: dict, warps: int = 4, stages: int = 4, maxnreg: int = 0) -> dict:
     types = dict(TYPES, h_ptr="*fp16") if consts.get("H16") or "X2" in consts else TYPES
-    if consts.get("HQ"):   # wg tiles with wg_hq: h handed over as e4m3 rows
+    if consts.get("HQ") or kernel in (WGS.wgs_gate_up_kernel, WGS.wgs_down_kernel):   # h handed over as e4m3 rows
         types = dict(types, h_ptr="*fp8e4nv")
     if consts.get("TMA"):  # wg tiles with wg_tma: the weights as a TMA descriptor of [E, N, K]
         types = dict(types, w_ptr=f"tensordesc<fp8e4nv[1, {consts['BN']}, 128]>")
@@ -96,6 +97,14 @@ def split_configs(labels=None):
     for name, kern in (("gate_up", S.gate_up_kernel), ("down", S.down_kernel)):
         for label, t in VARIANTS.items():
             if labels and label not in labels:
+                continue
+            if t.wg and t.wg_slots:   # T = 8 on the slot kernels (triton_moe_small_wgs), 20B: 32 pairs
+                consts = dict(TOPK=4, BN=t.bn_gate_up if kern is S.gate_up_kernel else t.bn_down, BK=128, KP=4096,
+                              PB=32, EVEN_K=False, DOT_F32=False, TMA=t.wg_tma, PDL=t.pdl)
+                if kern is S.down_kernel:
+                    consts.update(SPLIT=t.wg_split_down, TK=4)
+                wk = WGS.wgs_gate_up_kernel if kern is S.gate_up_kernel else WGS.wgs_down_kernel
+                yield f"{name} {label} T8 wgs", wk, consts, t.warps_down or t.warps, t.wg_stages, 0
                 continue
             if t.wg:   # T = 1 on the FP8 tensor-core kernels (triton_moe_small_wg), 20B: K = 2880
                 consts = dict(TOPK=4, BN=t.bn_gate_up if kern is S.gate_up_kernel else t.bn_down, BK=128, BT=16,

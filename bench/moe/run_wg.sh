@@ -14,10 +14,12 @@ bench_env moe-wg.log
 export DAYZERO_DEADLINE="${DAYZERO_DEADLINE:-$(( $(date +%s) + 145 ))}"
 steps=",${WG_STEPS:-bench,tests},"
 # bench first (its compile workers fill Triton's cache for the tests too); the shipped tile at each T first
-step bench 90 env MOE_SMALL_VARIANTS_T1="${WG_T1:-wg_d64_s2_qt,gvq_d32_r,wg_d64_s2_qtp,wg128_d128_s4_qt,wg128_d128_s4_qtp}" \
-  MOE_SMALL_VARIANTS_T2="${WG_T2:-gvq2_d64_r,wg2_d64_s2,wg2_d64_s2_p,wg2_d64_s2_qtp}" \
-  MOE_SMALL_VARIANTS_T4="${WG_T4:-gvqt8_d32_rp,wg4_d64_s2_p,wg4_d64_s2_qtp,wg8_d64_qtp}" \
-  MOE_SMALL_VARIANTS_T8="${WG_T8:-bn64_r_x16,wg8_d64_qtp}" \
+# (session 9's lists: the shipped tiles of session 8, the slot kernels wgs8_* (one program per expert, its tokens
+# as B columns) beside the per-pair wg8; session 8's lists are in NOTES "Session 8, lead")
+step bench 90 env MOE_SMALL_VARIANTS_T1="${WG_T1:-wg_d64_s2_qt,wg128_d128_s4_qtp}" \
+  MOE_SMALL_VARIANTS_T2="${WG_T2:-wg2_d64_s2_qtp,wgs8_d64_qtp,wgs8_d64_s2_qtp}" \
+  MOE_SMALL_VARIANTS_T4="${WG_T4:-wg8_d64_qtp,wgs8_d64_qtp,wgs8_d64_s2_qtp}" \
+  MOE_SMALL_VARIANTS_T8="${WG_T8:-bn64_r_x16,wg8_d64_qtp,wgs8_d64_qtp,wgs8_d64_s2_qtp,wgs8_d64_qt}" \
   python3 bench/moe/bench_small.py --out "$OUT" --ts "${WG_TS:-1,2,4,8}"
 step tests 60 python3 -m pytest -q -n 2 -p no:cacheprovider --noconftest -o addopts="" \
   tests/kernels/test_moe_small_wg_gpu.py --junitxml "$OUT/wg-tests.xml"

@@ -13,7 +13,7 @@ import pytest
 import torch
 
 from dayzero.kernels import torch_ops as ref
-from gpu_util import DEV, rel
+from gpu_util import DEV, poison, rel
 
 pytest.importorskip("triton", reason="the Triton kernels need triton (GPU machines)")  # CI: skip at collection
 from test_moe_small_gpu import (LIMIT, SHAPES, _tickets_zero, check, check_ep_slice,  # noqa: E402
@@ -87,7 +87,8 @@ def test_wg_hq_h_near_its_bound(variant):
     assert rel(out, exact) <= 0.5 * e_ref + 2e-3, (rel(out, exact), e_ref)
 
 
-@pytest.mark.parametrize("variant", ["wg_d64", "wg128_d128_s4", "wg_d64_s2_q", "wg128_d128_s4_qt", "wg_d64_s2_qtp"])
+@pytest.mark.parametrize("variant", ["wg_d64", "wg128_d128_s4", "wg_d64_s2_q", "wg128_d128_s4_qt", "wg_d64_s2_qtp",
+                                     "wgs8_d64_qtp"])
 @pytest.mark.parametrize("local_routes", [0, 2])
 def test_wg_expert_parallel_slice(local_routes, variant):
     # this rank owns experts 8..15: routes elsewhere are skipped (the down tickets count local pairs x splits);
@@ -95,7 +96,25 @@ def test_wg_expert_parallel_slice(local_routes, variant):
     check_ep_slice(local_routes, _tiles(variant), seed=61 + local_routes)
 
 
-@pytest.mark.parametrize("variant", ["wg2_d64_s2", "wg2_d64_s2_q"])
+@pytest.mark.parametrize("T", [2, 5, 8])
+@pytest.mark.parametrize("repeated", [False, True])
+def test_wgs_slots_match_pairs(T, repeated):
+    # one program per expert slot (its <= 8 tokens as B columns) computes each token as the per-pair wg kernel
+    # does (same per-token scales and products); repeated: every token on the same 4 experts (8 columns full)
+    from dayzero.kernels.triton_moe_small_split import MoeSplit
+
+    q, _ = experts("20b")
+    E, H, _ = SHAPES["20b"]
+    x, w, ids = inputs(T, E, H, seed=90 + T, repeated=repeated)
+    poison()
+    got = MoeSplit(x, w, ids, q, LIMIT, _tiles("wgs8_d64_qtp"))().clone()
+    want = MoeSplit(x, w, ids, q, LIMIT, _tiles("wg8_d64_qtp"))()
+    assert torch.isfinite(got).all()
+    assert rel(got, want) <= 2e-3, rel(got, want)
+    assert _tickets_zero(q)
+
+
+@pytest.mark.parametrize("variant", ["wg2_d64_s2", "wg2_d64_s2_q", "wgs8_d64_s2_qtp"])
 @pytest.mark.parametrize("repeated", [False, True])
 def test_wg_two_tokens_per_pair(repeated, variant):
     # wg2: T = 2 on the wg kernels, one program per pair (repeated: both tokens on the same 4 experts)
@@ -106,7 +125,7 @@ def test_wg_two_tokens_per_pair(repeated, variant):
 @pytest.mark.parametrize("T,variant", [(1, "wg_d64_s2"), (1, "wg128_d128_s4"), (2, "wg2_d64_s2"),
                                        (1, "wg128_d128_s4_q"), (2, "wg2_d64_s2_q"), (1, "wg_d64_s2_qt"),
                                        (1, "wg_d64_s2_qtp"), (2, "wg2_d64_s2_p"), (4, "wg4_d64_s2_qtp"),
-                                       (8, "wg8_d64_qtp")])
+                                       (8, "wg8_d64_qtp"), (8, "wgs8_d64_qtp"), (4, "wgs8_d64_s2_qtp")])
 def test_wg_deterministic_and_graph_replay_equals_eager(T, variant):
     check_graph_replay(T, _tiles(variant), seed=81, wg=True)
 

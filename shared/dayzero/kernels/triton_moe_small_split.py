@@ -26,6 +26,8 @@ from .triton_moe_small_split_kernels import combine_kernel, down_kernel, gate_up
 from .triton_moe_small_wg import WG_VARIANTS
 from .triton_moe_small_wg import launch_down as wg_down
 from .triton_moe_small_wg import launch_gate_up as wg_gate_up
+from .triton_moe_small_wgs import launch_down as wgs_down
+from .triton_moe_small_wgs import launch_gate_up as wgs_gate_up
 from .types import ExpertWeights
 
 SWIGLU_ALPHA = 1.702
@@ -95,6 +97,9 @@ class SplitTiles:
     wg_split_down: int = 1
     wg_hq: bool = False          # gate_up writes h as e4m3 hi + lo rows (fixed scale): down loads them as its B
     wg_tma: bool = False         # the weight tiles through TMA (host descriptors) instead of per-thread cp.async
+    # wg kernels with one program per expert slot carrying all its tokens (<= 8) as B columns
+    # (``triton_moe_small_wgs``: each weight tile read once per call; needs wg = 2 and wg_hq)
+    wg_slots: bool = False
 
 
 # Candidate launch configurations (the GPU tests check each; the bench times each at every T).
@@ -326,7 +331,7 @@ class MoeSplit:
         ex, t = self.ex, self.tiles
         w, s, b = ex.gate_up, ex.gate_up_scale, ex.gate_up_bias
         if self.wg:
-            return wg_gate_up(self, SWIGLU_ALPHA, interpreting())
+            return (wgs_gate_up if t.wg_slots else wg_gate_up)(self, SWIGLU_ALPHA, interpreting())
         if self.gemv:
             gemv_gate_up_kernel[(self.P * self.nt1,)](
                 self.x, self.ids, w, s, b, self.h, self.H, 2 * self.I, self.nt1, self.offset, self.E, w.stride(0),
@@ -345,7 +350,7 @@ class MoeSplit:
         ex, t = self.ex, self.tiles
         w, s, b = ex.down, ex.down_scale, ex.down_bias
         if self.wg:
-            return wg_down(self, interpreting())
+            return (wgs_down if t.wg_slots else wg_down)(self, interpreting())
         if self.gemv_down:
             gemv_down_kernel[(self.k * self.nt2,)](
                 self.h, self.ids, self.weights, w, s, b, self.y, self.out, self.tickets2, self.I, self.H, self.nt2,

@@ -66,6 +66,12 @@ WG_VARIANTS = {
     "wg4_d64_s2_qtp": dict(bn_gate_up=64, bn_down=64, wg_split_down=2, gemv_max_t=4, wg_hq=True, wg_tma=True,
                            pdl=True, **_WG),
     "wg8_d64_qtp": dict(bn_gate_up=64, bn_down=64, gemv_max_t=8, wg_hq=True, wg_tma=True, pdl=True, **_WG),
+    # session 8, CPU only: wgsN = one program per expert slot carrying its <= 8 tokens (``triton_moe_small_wgs``)
+    "wgs8_d64_qtp": dict(bn_gate_up=64, bn_down=64, gemv_max_t=8, wg_hq=True, wg_tma=True, pdl=True, wg_slots=True,
+                         **_WG),
+    "wgs8_d64_s2_qtp": dict(bn_gate_up=64, bn_down=64, wg_split_down=2, gemv_max_t=8, wg_hq=True, wg_tma=True,
+                            pdl=True, wg_slots=True, **_WG),
+    "wgs8_d64_qt": dict(bn_gate_up=64, bn_down=64, gemv_max_t=8, wg_hq=True, wg_tma=True, wg_slots=True, **_WG),
 }
 
 
