@@ -16,7 +16,7 @@ steps=",${WG_STEPS:-bench,tests},"
 # bench first (its compile workers fill Triton's cache for the tests too); the shipped tile at each T first
 # (session 9's lists: the shipped tiles of session 8, the slot kernels wgs8_* (one program per expert, its tokens
 # as B columns) beside the per-pair wg8; session 8's lists are in NOTES "Session 8, lead")
-step bench 90 env MOE_SMALL_VARIANTS_T1="${WG_T1:-wg_d64_s2_qt,wg128_d128_s4_qtp}" \
+step bench 90 env MOE_SMALL_VARIANTS_T1="${WG_T1:-wg_d64_s2_qt,wg128_d128_s4_qtp,wg_d64_s3_qt,wg_d64_s4_qt}" \
   MOE_SMALL_VARIANTS_T2="${WG_T2:-wg2_d64_s2_qtp,wgs8_d64_qtp,wgs8_d64_s2_qtp}" \
   MOE_SMALL_VARIANTS_T4="${WG_T4:-wg8_d64_qtp,wgs8_d64_qtp,wgs8_d64_s2_qtp}" \
   MOE_SMALL_VARIANTS_T8="${WG_T8:-bn64_r_x16,wg8_d64_qtp,wgs8_d64_qtp,wgs8_d64_s2_qtp,wgs8_d64_qt}" \

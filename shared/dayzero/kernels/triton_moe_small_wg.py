@@ -66,6 +66,10 @@ WG_VARIANTS = {
     "wg4_d64_s2_qtp": dict(bn_gate_up=64, bn_down=64, wg_split_down=2, gemv_max_t=4, wg_hq=True, wg_tma=True,
                            pdl=True, **_WG),
     "wg8_d64_qtp": dict(bn_gate_up=64, bn_down=64, gemv_max_t=8, wg_hq=True, wg_tma=True, pdl=True, **_WG),
+    # session 8, CPU only: T = 1's down (14.3 us for 33 MB, 54 % of 4.26 TB/s; unsplit 17.3, split 2 15.8 -> more
+    # programs helped) over 3 / 4 K ranges: 540 / 720 programs
+    "wg_d64_s3_qt": dict(bn_gate_up=64, bn_down=64, wg_split_down=3, wg_hq=True, wg_tma=True, **_WG),
+    "wg_d64_s4_qt": dict(bn_gate_up=64, bn_down=64, wg_split_down=4, wg_hq=True, wg_tma=True, **_WG),
     # session 8, CPU only: wgsN = one program per expert slot carrying its <= 8 tokens (``triton_moe_small_wgs``)
     "wgs8_d64_qtp": dict(bn_gate_up=64, bn_down=64, gemv_max_t=8, wg_hq=True, wg_tma=True, pdl=True, wg_slots=True,
                          **_WG),
