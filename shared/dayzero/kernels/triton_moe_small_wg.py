@@ -113,6 +113,32 @@ def _token_tile(v, inv, X2: tl.constexpr, BK: tl.constexpr, BT: tl.constexpr):
 
 
 @triton.jit
+def _weight_tile(w_src, e, row0, k, K, BN: tl.constexpr, BK: tl.constexpr, EVEN_K: tl.constexpr, TMA: tl.constexpr):
+    """The weight tile [BN, BK] at K offset k (``_expert_tiles``' source; zeros past K)."""
+    if TMA:
+        w = tl.reshape(w_src.load([e, row0, k]), (BN, BK))
+    elif EVEN_K:
+        w = tl.load(w_src + k)
+    else:
+        w = tl.load(w_src + k, mask=(k + tl.arange(0, BK) < K)[None, :], other=0.0)
+    return w
+
+
+@triton.jit
+def _acc_dot(acc, w, b, sc, DOT_F32: tl.constexpr, HQ: tl.constexpr):
+    """acc + w @ b: scaled by the step's block scale sc when the token is already quantized (HQ), else sc is
+    folded into the token and the wgmma accumulates in place; fp32 products in the interpreter."""
+    if DOT_F32:
+        d = tl.dot(w.to(tl.float32), b.to(tl.float32), input_precision="ieee")
+        acc += d * sc if HQ else d
+    elif HQ:
+        acc += tl.dot(w, b) * sc
+    else:
+        acc = tl.dot(w, b, acc)
+    return acc
+
+
+@triton.jit
 def _row_dot8(w_src, e, row0, x_row, s_row, k_lo, k_hi, K, hs, BN: tl.constexpr, BK: tl.constexpr,
               BT: tl.constexpr, KP: tl.constexpr, X2: tl.constexpr, EVEN_K: tl.constexpr, DOT_F32: tl.constexpr,
               HQ: tl.constexpr, TMA: tl.constexpr):
@@ -136,12 +162,7 @@ def _row_dot8(w_src, e, row0, x_row, s_row, k_lo, k_hi, K, hs, BN: tl.constexpr,
     acc = tl.zeros((BN, BT), dtype=tl.float32)
     ws = tl.load(s_row + k_lo // BK, mask=k_lo < k_hi, other=0.0)
     for k in range(k_lo, k_hi, BK):
-        if TMA:
-            w = tl.reshape(w_src.load([e, row0, k]), (BN, BK))
-        elif EVEN_K:
-            w = tl.load(w_src + k)
-        else:
-            w = tl.load(w_src + k, mask=(k + tl.arange(0, BK) < K)[None, :], other=0.0)
+        w = _weight_tile(w_src, e, row0, k, K, BN, BK, EVEN_K, TMA)
         if HQ:
             offs = k + tl.arange(0, BK)
             b = tl.trans(tl.load(x_row + (r // (BT // 2))[:, None] * K + offs[None, :],
@@ -151,14 +172,20 @@ def _row_dot8(w_src, e, row0, x_row, s_row, k_lo, k_hi, K, hs, BN: tl.constexpr,
             v = _token_load(x_row, k + BK, K, BK)   # next step's (past K: zeros, no bytes)
         sc = ws
         ws = tl.load(s_row + (k + BK) // BK, mask=k + BK < k_hi, other=0.0)
-        if DOT_F32:
-            d = tl.dot(w.to(tl.float32), b.to(tl.float32), input_precision="ieee")
-            acc += d * sc if HQ else d
-        elif HQ:
-            acc += tl.dot(w, b) * sc
-        else:
-            acc = tl.dot(w, b, acc)
+        acc = _acc_dot(acc, w, b, sc, DOT_F32, HQ)
     return tl.sum(acc * tl.where(r == 0, s, tl.where(r == BT // 2, s / 16.0, 0.0))[None, :], 1)
+
+
+@triton.jit
+def _expert_tiles(w_ptr, s_ptr, e64, rows_c, tile, stride_we, stride_wn, stride_se, stride_sn, BN: tl.constexpr,
+                  BK: tl.constexpr, TMA: tl.constexpr):
+    """(weight source of expert e64's rows [tile * BN, + BN): the TMA descriptor itself, or the [BN, BK] pointers of
+    k = 0 (rows_c: rows past N clamped to 0); the pointer to those rows' block scales)."""
+    if TMA:
+        w_src = w_ptr
+    else:
+        w_src = w_ptr + e64 * stride_we + rows_c[:, None].to(tl.int64) * stride_wn + tl.arange(0, BK)[None, :]
+    return w_src, s_ptr + e64 * stride_se + ((tile * BN) // 128) * stride_sn
 
 
 @triton.jit
@@ -202,11 +229,8 @@ def wg_gate_up_kernel(x_ptr, ids_ptr, w_ptr, s_ptr, b_ptr, h_ptr, K, N, P, offse
     e64 = e.to(tl.int64)
     rows = tile * BN + tl.arange(0, BN)
     rows_c = tl.where(rows < N, rows, 0)
-    if TMA:
-        w_src = w_ptr
-    else:
-        w_src = w_ptr + e64 * stride_we + rows_c[:, None].to(tl.int64) * stride_wn + tl.arange(0, BK)[None, :]
-    s_row = s_ptr + e64 * stride_se + ((tile * BN) // 128) * stride_sn
+    w_src, s_row = _expert_tiles(w_ptr, s_ptr, e64, rows_c, tile, stride_we, stride_wn, stride_se, stride_sn, BN, BK,
+                                 TMA)
     x_row = x_ptr + (j // TOPK).to(tl.int64) * stride_x
     v = _row_dot8(w_src, e, tile * BN, x_row, s_row, 0, K, K, hs, BN, BK, BT, KP, X2, EVEN_K, DOT_F32, False, TMA)
     v = (v + tl.load(b_ptr + e64 * stride_be + rows_c).to(tl.float32)).to(tl.bfloat16).to(tl.float32)
@@ -244,11 +268,8 @@ def wg_down_kernel(h_ptr, ids_ptr, wt_ptr, w_ptr, s_ptr, b_ptr, y_ptr, out_ptr, 
         return
     e64 = e.to(tl.int64)
     rows_c = tl.where(n_ok, rows, 0)
-    if TMA:
-        w_src = w_ptr
-    else:
-        w_src = w_ptr + e64 * stride_we + rows_c[:, None].to(tl.int64) * stride_wn + tl.arange(0, BK)[None, :]
-    s_row = s_ptr + e64 * stride_se + ((tile * BN) // 128) * stride_sn
+    w_src, s_row = _expert_tiles(w_ptr, s_ptr, e64, rows_c, tile, stride_we, stride_wn, stride_se, stride_sn, BN, BK,
+                                 TMA)
     per = tl.cdiv(tl.cdiv(K, BK), SPLIT) * BK
     k_lo = sp * per
     acc = _row_dot8(w_src, e, tile * BN, h_ptr + j * stride_h, s_row, k_lo, tl.minimum(k_lo + per, K), K, hs, BN,

@@ -19,7 +19,7 @@ import triton.language as tl
 from .triton_moe_small_pdl import trigger, wait
 from .triton_moe_small_route import _local_ids, _rows, _slot, _touched
 from .triton_moe_small_split_kernels import _combine_rows, _ticket
-from .triton_moe_small_wg import FP8_MAX, _h_scale, _hq, _tma, _weights
+from .triton_moe_small_wg import FP8_MAX, _acc_dot, _expert_tiles, _h_scale, _hq, _tma, _weight_tile, _weights
 
 TS = tl.constexpr(8)   # tokens a slot can carry: B columns 0-7 (hi) and 8-15 (lo)
 
@@ -92,12 +92,7 @@ def _slot_dot(w_src, e, row0, x_ptr, xrow, ok, stride_x, s_row, k_lo, k_hi, K, B
         v = tl.load(x_ptr + xrow.to(tl.int64)[:, None] * stride_x + offs[None, :],
                     mask=ok[:, None] & (offs < K)[None, :], other=0.0).to(tl.float32)
     for k in range(k_lo, k_hi, BK):
-        if TMA:
-            w = tl.reshape(w_src.load([e, row0, k]), (BN, BK))
-        elif EVEN_K:
-            w = tl.load(w_src + k)
-        else:
-            w = tl.load(w_src + k, mask=(k + tl.arange(0, BK) < K)[None, :], other=0.0)
+        w = _weight_tile(w_src, e, row0, k, K, BN, BK, EVEN_K, TMA)
         if HQ:
             offs = k + tl.arange(0, BK)
             b = tl.trans(tl.load(x_ptr + brow[:, None] + offs[None, :], mask=ok[:, None] & (offs < K)[None, :],
@@ -109,13 +104,7 @@ def _slot_dot(w_src, e, row0, x_ptr, xrow, ok, stride_x, s_row, k_lo, k_hi, K, B
                         mask=ok[:, None] & (offs < K)[None, :], other=0.0).to(tl.float32)
         sc = ws
         ws = tl.load(s_row + (k + BK) // BK, mask=k + BK < k_hi, other=0.0)
-        if DOT_F32:
-            d = tl.dot(w.to(tl.float32), b.to(tl.float32), input_precision="ieee")
-            acc += d * sc if HQ else d
-        elif HQ:
-            acc += tl.dot(w, b) * sc
-        else:
-            acc = tl.dot(w, b, acc)
+        acc = _acc_dot(acc, w, b, sc, DOT_F32, HQ)
     hi, lo = _halves(acc, BN)
     return (hi + lo / 16.0) * s[None, :]   # [BN, TS]: one column per token of the slot
 
@@ -135,11 +124,8 @@ def wgs_gate_up_kernel(x_ptr, ids_ptr, w_ptr, s_ptr, b_ptr, h_ptr, K, N, P, offs
     e64 = e.to(tl.int64)
     rows = tile * BN + tl.arange(0, BN)
     rows_c = tl.where(rows < N, rows, 0)
-    if TMA:
-        w_src = w_ptr
-    else:
-        w_src = w_ptr + e64 * stride_we + rows_c[:, None].to(tl.int64) * stride_wn + tl.arange(0, BK)[None, :]
-    s_row = s_ptr + e64 * stride_se + ((tile * BN) // 128) * stride_sn
+    w_src, s_row = _expert_tiles(w_ptr, s_ptr, e64, rows_c, tile, stride_we, stride_wn, stride_se, stride_sn, BN, BK,
+                                 TMA)
     v = _slot_dot(w_src, e, tile * BN, x_ptr, pair // TOPK, ok, stride_x, s_row, 0, K, K, BN, BK, KP, EVEN_K,
                   DOT_F32, False, TMA)                                                    # [BN, TS]
     v = (v + tl.load(b_ptr + e64 * stride_be + rows_c).to(tl.float32)[:, None]).to(tl.bfloat16).to(tl.float32)
@@ -178,11 +164,8 @@ def wgs_down_kernel(h_ptr, ids_ptr, wt_ptr, w_ptr, s_ptr, b_ptr, y_ptr, out_ptr,
         return
     e64 = e.to(tl.int64)
     rows_c = tl.where(n_ok, rows, 0)
-    if TMA:
-        w_src = w_ptr
-    else:
-        w_src = w_ptr + e64 * stride_we + rows_c[:, None].to(tl.int64) * stride_wn + tl.arange(0, BK)[None, :]
-    s_row = s_ptr + e64 * stride_se + ((tile * BN) // 128) * stride_sn
+    w_src, s_row = _expert_tiles(w_ptr, s_ptr, e64, rows_c, tile, stride_we, stride_wn, stride_se, stride_sn, BN, BK,
+                                 TMA)
     per = tl.cdiv(tl.cdiv(K, BK), SPLIT) * BK
     k_lo = sp * per
     pair16, ok16 = _slot_cols(ids_ptr, e, P, offset, PB)
