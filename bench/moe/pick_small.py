@@ -40,7 +40,9 @@ def failed_variants(xml_path: str) -> set:
     return out
 
 
-def pick(rows: list, bad: frozenset = frozenset()) -> tuple[str, list]:
+def pick(rows: list, bad: frozenset = frozenset(), base_of=None) -> tuple[str, list]:
+    """(rule, table) from bench_small's rows; ``base_of(T)``: the shipped tiles' name at T (``shipped``)."""
+    base_of = base_of or shipped
     us = {(r["E"], r["T"], r["variant"]): r["us"] for r in rows if r.get("section") == "small_graph" and "us" in r
           and r["variant"] not in bad}
     rule, table = [], []
@@ -48,7 +50,7 @@ def pick(rows: list, bad: frozenset = frozenset()) -> tuple[str, list]:
         names = {v for e, t, v in us if t == T and v.startswith("split_") and (32, T, v) in us and (128, T, v) in us}
         if not names:
             continue
-        base = f"split_{shipped(T)}"
+        base = f"split_{base_of(T)}"
         best = min(names, key=lambda v: us[(32, T, v)] + us[(128, T, v)])
         wins = base in names and all(us[(e, T, best)] < (1 - MARGIN) * us[(e, T, base)] for e in (32, 128))
         choice = best if wins else base
@@ -61,14 +63,15 @@ def pick(rows: list, bad: frozenset = frozenset()) -> tuple[str, list]:
     return ",".join(f"{n}@{p}" for n, p in rule), table
 
 
-def shipped_rule(ts=(1, 2, 4, 8)) -> str:
+def shipped_rule(ts=(1, 2, 4, 8), base_of=None) -> str:
     """The shipped tiles at those T as a rule of ``pick``'s form (what ``pick`` prints when nothing wins)."""
+    base_of = base_of or shipped
     rule = []
     for T in ts:
-        if rule and rule[-1][0] == shipped(T):
-            rule[-1] = (shipped(T), T * K_TOP)
+        if rule and rule[-1][0] == base_of(T):
+            rule[-1] = (base_of(T), T * K_TOP)
         else:
-            rule.append((shipped(T), T * K_TOP))
+            rule.append((base_of(T), T * K_TOP))
     return ",".join(f"{n}@{p}" for n, p in rule)
 
 
