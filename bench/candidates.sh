@@ -5,7 +5,7 @@
 #                                        the small-M linear's product modes (linear/run.sh)
 #   bash bench/candidates.sh moe         the decode-MoE tensor-core tiles at T = 1-8 (moe/run_wg.sh: the slot
 #                                        kernels beside the shipped tiles, tests, pick -> engine graph tests and
-#                                        decode rows); MOE_PARTS=fold,wg,x16 adds session 8's fold / x16 parts
+#                                        decode rows); MOE_PARTS=wg,x16 adds session 8's x16 part
 #   bash bench/candidates.sh peers       the HF transformers peer beside the engine (peers_run.sh, ~240 s)
 #   bash bench/candidates.sh fi          FlashInfer's fa2 / fa3 JIT builds alone, into .fi-ws (carry .whl; run it
 #                                        right before bench/closing_call.sh on the same warm machine, which then loads them)
@@ -62,10 +62,9 @@ case "$area" in
     part fi-build "${FI_BUILD_S:-300}" python3 bench/attention/flashinfer_compare.py --out "$OUT/fi-build" --build-only \
       --budget-s "${FI_BUILD_S:-300}" --build-s $(( ${FI_BUILD_S:-300} - 10 )) --jit-workers 8 ;;
   moe)
-    # session 8 measured the fold tails (not taken), the wg tiles and x16 (taken): `MOE_PARTS=fold,wg,x16` runs those
-    # again; by default the wg call with the slot kernels (session 8, CPU only) and the pick -> engine rows step
+    # session 8 measured the wg tiles and x16 (taken; the fold tails lost and were removed): `MOE_PARTS=wg,x16` runs
+    # x16 again; by default the wg call with the slot kernels (session 8, CPU only) and the pick -> engine rows step
     parts=",${MOE_PARTS:-wg},"
-    case "$parts" in *,fold,*) part moe-fold 150 bash bench/moe/fold_run.sh ;; esac
     case "$parts" in *,wg,*) part moe-wg 330 env WG_STEPS=bench,tests,pick bash bench/moe/run_wg.sh ;; esac
     case "$parts" in *,x16,*) part moe-x16 170 bash bench/moe/run_x16.sh ;; esac ;;
   peers)

@@ -37,7 +37,7 @@ DEFAULT_VARIANTS = "op,gluon64,gluon128,gluon128_h1"
 
 
 def _configs() -> dict:
-    from dayzero.kernels.gluon_moe_gemm_run import BM64, BM128, BM128_FOLD16, BM128_RUN8 as R8, DEFAULT
+    from dayzero.kernels.gluon_moe_gemm_run import BM64, BM128, BM128_RUN8 as R8, DEFAULT
 
     r = dataclasses.replace
     return {"gluon": DEFAULT, "gluon64": BM64, "gluon_s3": r(BM64, stages=3), "gluon_s5": r(BM64, stages=5),
@@ -64,19 +64,16 @@ def _configs() -> dict:
             "gluon128_fws_glue4": r(R8, fast_epi=True, wsplit=True, glue=True, glue_rows=4),
             "gluon128_h2_fws_glue4": r(R8, half=2, fast_epi=True, wsplit=True, glue=True, glue_rows=4),
             "gluon128_zpad": r(BM128, zpad=True),                  # the shipped BM128 + zero padding rows
-            # run 10 (CPU only): an expert's short tail block folded into its full blocks' tiles, 16 rows a tile
-            # (consumer 240 / producer 24 registers: no spills in the K loops; gluon128_r240 = that register split alone;
-            # a 32-row slice needs 228 KB of shared memory at 4 stages and spills its accumulator: not offered;
-            # _all: also tails of 65-127 rows, which BM128 runs as padded full tiles)
-            "gluon128_fold16": BM128_FOLD16, "gluon128_fold16_all": r(BM128_FOLD16, fold_max=127),
-            "gluon128_fold16_r232": r(BM128, fold=16), "gluon128_r240": r(BM128, consumer_regs=240, producer_regs=24),
+            # BM128 at a 240 / 24 register split (session 8: a tie with BM128 in the interleaved layer times; the
+            # folded-tail kernels it was built for lost there and were removed, bench/NOTES.md "Session 8, lead")
+            "gluon128_r240": r(BM128, consumer_regs=240, producer_regs=24),
             # timing diagnostics (wrong results): where the time goes
             "diag_w_once_per_tile": r(BM64, diag=1), "diag_a_once_per_tile": r(BM64, diag=2),
             "diag128_half_w_once": r(BM128, half=3)}
 
 
 SPECIALISED = ("bias_ptr", "c_ptr", "cs_ptr", "sorted_ids_ptr", "block_expert_ptr", "weights_ptr", "trace_ptr", "span_ptr",
-               "counter_ptr", "info_ptr", "N", "K", "num_pairs", "stride_biase", "stride_cm", "stride_cs")
+               "counter_ptr", "N", "K", "num_pairs", "stride_biase", "stride_cm", "stride_cs")
 
 
 def compile_check(out: str | None, names: list[str] | None = None) -> int:
@@ -86,7 +83,6 @@ def compile_check(out: str | None, names: list[str] | None = None) -> int:
     from triton.experimental.gluon import language as gl
     from triton.experimental.gluon._runtime import GluonASTSource
 
-    from dayzero.kernels.gluon_moe_fold import moe_gemm_fold_kernel
     from dayzero.kernels.gluon_moe_gemm import moe_gemm_ws_kernel
     from dayzero.kernels.gluon_moe_gemm128 import moe_gemm_ws128_kernel
 
@@ -97,7 +93,7 @@ def compile_check(out: str | None, names: list[str] | None = None) -> int:
         if not cfg.down or cfg.diag or (names and name not in names):
             continue
         bm = cfg.bm
-        kern = moe_gemm_fold_kernel if cfg.fold else moe_gemm_ws128_kernel if bm == 128 else moe_gemm_ws_kernel
+        kern = moe_gemm_ws128_kernel if bm == 128 else moe_gemm_ws_kernel
         a_rows = 64 if bm == 128 and cfg.half >= 2 else bm
         al = gl.NVMMASharedLayout.get_default_for([a_rows, 128], gl.float8e4nv)
         sal = gl.NVMMASharedLayout.get_default_for([1, bm], gl.float32)
@@ -114,12 +110,6 @@ def compile_check(out: str | None, names: list[str] | None = None) -> int:
                           PRODUCER_REGS=cfg.producer_regs, num_warps=4, WALK=cfg.walk)
             if bm == 64:
                 consts["DIAG"] = cfg.diag
-            elif cfg.fold:          # gluon_moe_fold: the tail's A box and scale box
-                consts.update(TT=cfg.fold, SCHED=cfg.sched, OPT=int(cfg.fast_epi) | 2 * int(cfg.wsplit))
-                tl_ = gl.NVMMASharedLayout.get_default_for([cfg.fold, 128], gl.float8e4nv)
-                tsl = gl.NVMMASharedLayout.get_default_for([1, 32], gl.float32)
-                sig.update(at_desc=f"tensordesc<fp8e4nv[{cfg.fold}, 128],{tl_!r}>",
-                           sat_desc=f"tensordesc<fp32[1, 32],{tsl!r}>", counter_ptr="*i32", info_ptr="*i32")
             else:
                 consts.update(HALF=cfg.half, TRACE=False, SCHED=cfg.sched,
                               OPT=int(cfg.fast_epi) | 2 * int(cfg.wsplit) | 4 * int(cfg.zpad))
@@ -162,11 +152,6 @@ def _tile_stats(run) -> dict:
     if al.block_m == 128:
         full = int((al.sorted_ids.view(-1, 128)[:used, 64] < al.num_pairs).sum())
         row.update(full_tiles=full, half_tiles=used - full)
-        from dayzero.kernels.gluon_moe_fold_plan import fold_counts        # what a 16-row fold would take
-
-        for key, rows in (("fold16", 64), ("fold16_all", 127)):
-            c = fold_counts(al.sorted_ids, al.block_expert, al.num_pairs, 16, rows)
-            row.update({f"{key}_tiles": c.fold, f"{key}_absorbed": c.absorbed, f"{key}_half_tiles": c.half})
     return row
 
 

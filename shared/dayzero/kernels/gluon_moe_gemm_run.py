@@ -5,9 +5,8 @@ Everything else of the MoE call (align, quantization into sorted order, combine)
 path's (``triton_moe.LARGE``: x quantized 1x128 into sorted order), with align blocks of the kernel's
 tile rows: 64 (``gluon_moe_gemm``) or 128 (``GluonConfig.bm = 128``: ``gluon_moe_gemm128``); with
 ``GluonConfig.glue`` align and quantization run as one step of three launches
-(``triton_moe_align.align_quant_pairs``); with ``GluonConfig.fold`` (opt-in, ``BM128_FOLD16``) the 128-row
-GEMMs run ``gluon_moe_fold`` (an expert's short tail block computed in the tiles of its full blocks).
-Operands the kernel cannot take (TMA alignment, non-contiguous weights) fall back to the Triton GEMMs.
+(``triton_moe_align.align_quant_pairs``). Operands the kernel cannot take (TMA alignment, non-contiguous
+weights) fall back to the Triton GEMMs.
 Importing this module imports triton's Gluon: callers import it only when the Gluon path is selected.
 """
 
@@ -63,9 +62,6 @@ class GluonConfig:
     glue_rows: int = 1         # glue: pairs quantized per program of the scatter launch (align_quant_pairs)
     zpad: bool = False         # bm 128: padding rows of h (gate_up epilogue) and, with glue, of the quantized x
                                # written as zeros, not left stale (the GEMMs multiply them; power-capped GPU)
-    fold: int = 0              # bm 128, half 0: 16 = an expert's short tail block (<= 16 x its full blocks) rides
-                               # spread over the tiles of its full blocks, 16 rows each (gluon_moe_fold); 0 = off
-    fold_max: int = 64         # fold: the most rows of a folded tail (64: tails that would be half tiles; 127: any)
 
 
 BM64 = GluonConfig()
@@ -76,10 +72,6 @@ BM128_RUN8 = dataclasses.replace(BM64, bm=128, group_m=8, sched=1)
 # run 9, interleaved CUDA-graph layer times at 8192 tokens against BM128_RUN8 in the same call: 120B random 2.437 ->
 # 2.286 ms, balanced 2.172 -> 2.096, 20B random 2.031 -> 1.971, balanced 1.913 -> 1.870; bitwise the same outputs)
 BM128 = dataclasses.replace(BM128_RUN8, fast_epi=True, wsplit=True, glue=True, glue_rows=4)
-# Gluon run 10 candidate (CPU only, not yet run on a GPU; bench/NOTES.md "Gluon run 10"): BM128 + an expert's tail
-# block of <= 64 rows folded into the tiles of its full blocks (16 rows each, <= 16 x its full blocks), at the
-# 240 / 24 register split (no spills in the K loops)
-BM128_FOLD16 = dataclasses.replace(BM128, fold=16, consumer_regs=240, producer_regs=24)
 DEFAULT = BM64
 # Mean routed rows per local expert from which the registered op takes 128-row tiles (bench/NOTES.md, Gluon
 # run 8, CUDA-graph times at 8192 tokens: 120B = 256 rows an expert, random routing 2.686 ms on 64-row tiles
@@ -116,12 +108,11 @@ def _desc(t: torch.Tensor, block: list[int], dtype) -> TensorDescriptor:
 def gemm_ws(a: torch.Tensor, a_scale_t: torch.Tensor, w: torch.Tensor, w_scale_k: torch.Tensor, bias: torch.Tensor,
             out: torch.Tensor, out_scale_t: torch.Tensor | None, al: AlignedPairs, weights: torch.Tensor, *,
             K: int, N: int, epi: int, limit: float, cfg: GluonConfig = DEFAULT,
-            trace: torch.Tensor | None = None, fold_info: torch.Tensor | None = None) -> None:
+            trace: torch.Tensor | None = None) -> None:
     """a [Mpad, >= K] fp8 (sorted rows), a_scale_t [ceil(K/128), Mpad] fp32; w [E, N, K] fp8 contiguous,
     w_scale_k = block_scales_by_k(w_scale); epi 1 -> out = h [Mpad, N/2] fp8 + out_scale_t; epi 2 -> out =
     y [P, N] (pair order). trace (bm 128, diagnostic): int64 [>= tiles, 4] of per-tile start / end ns,
-    M block and kind (``gluon_moe_trace._trace``). fold_info (cfg.fold): ``gluon_moe_fold_info.fold_info`` of
-    ``al`` (made here when not given; ``al`` needs block_span)."""
+    M block and kind (``gluon_moe_trace._trace``)."""
     bm = cfg.bm
     if bm not in (64, 128) or al.block_m != bm:
         raise ValueError(f"the Gluon MoE GEMM needs {bm}-row align blocks (64 or 128), got {al.block_m}")
@@ -135,10 +126,6 @@ def gemm_ws(a: torch.Tensor, a_scale_t: torch.Tensor, w: torch.Tensor, w_scale_k
         raise ValueError(f"sched must be 0 or 1 (1: 128-row tiles only), got {cfg.sched} with bm {bm}")
     if (cfg.fast_epi or cfg.wsplit or cfg.zpad) and (bm != 128 or (cfg.wsplit and cfg.half == 3)):
         raise ValueError(f"fast_epi / wsplit / zpad need 128-row tiles (wsplit: half 0-2), got bm {bm} half {cfg.half}")
-    if cfg.fold not in (0, 16) or (cfg.fold and (bm != 128 or cfg.half or cfg.zpad or trace is not None)):
-        raise ValueError(f"fold must be 0 or 16 (32: over the shared memory limit, NOTES Gluon run 10), and needs "
-                         f"128-row tiles, half 0, no zpad and no trace "
-                         f"(fold {cfg.fold}, bm {bm}, half {cfg.half}, zpad {cfg.zpad})")
     if not w.is_contiguous():
         raise ValueError("the Gluon MoE GEMM needs contiguous expert weights")
     E = w.shape[0]
@@ -155,16 +142,7 @@ def gemm_ws(a: torch.Tensor, a_scale_t: torch.Tensor, w: torch.Tensor, w_scale_k
     consts = dict(EPI=epi, STAGES=cfg.stages, GROUP_M=cfg.group_m, CONSUMER_REGS=cfg.consumer_regs,
                   PRODUCER_REGS=cfg.producer_regs, num_warps=4, maxnreg=cfg.maxnreg)
     span = al.block_span if cfg.walk else al.block_expert                  # (unused with walk 0)
-    if cfg.fold:
-        from .gluon_moe_fold import moe_gemm_fold_kernel           # only when a fold configuration runs
-        from .gluon_moe_fold_info import fold_info as make_fold_info
-
-        info = fold_info if fold_info is not None else make_fold_info(al, cfg.fold, cfg.fold_max)
-        counter = torch.zeros((1, ), dtype=torch.int32, device=a.device) if cfg.sched else al.block_expert
-        fargs = args[:4] + (_desc(a, [cfg.fold, BK], gl.float8e4nv), _desc(a_scale_t, [1, 32], gl.float32)) + args[4:]
-        moe_gemm_fold_kernel[(progs, )](*fargs, span, counter, info, TT=cfg.fold, WALK=cfg.walk, SCHED=cfg.sched,
-                                        OPT=int(cfg.fast_epi) | 2 * int(cfg.wsplit), **consts)
-    elif bm == 128:
+    if bm == 128:
         counter = torch.zeros((1, ), dtype=torch.int32, device=a.device) if cfg.sched else al.block_expert
         moe_gemm_ws128_kernel[(progs, )](*args, trace if trace is not None else out, span, counter, HALF=cfg.half,
                                          TRACE=trace is not None, WALK=cfg.walk, SCHED=cfg.sched,
@@ -180,21 +158,15 @@ class GluonMoeRun(MoeRun):
                  limit: float, cfg: GluonConfig = DEFAULT) -> None:
         super().__init__(x, weights, ids, experts, limit, tiles=dataclasses.replace(LARGE, bm=cfg.bm), small=False)
         self.cfg = cfg
-        self.fold_info: torch.Tensor | None = None   # cfg.fold: the tile kinds, made by align
 
     def align(self) -> None:
-        span = self.cfg.walk == 1 or self.cfg.fold > 0  # the expert runs of the blocks (walk by expert, fold info)
+        span = self.cfg.walk == 1                    # the expert runs of the blocks, for the walk by expert
         if not self.cfg.glue:
             self.al = align_pairs(self.ids, self.E, self.tiles.bm, self.offset, span=span)
-        else:
-            self.al, self.xq, self.xs_t = align_quant_pairs(self.x, self.ids, self.E, self.tiles.bm, self.offset,
-                                                            span=span, rows_per_prog=self.cfg.glue_rows,
-                                                            zero_pad=self.cfg.zpad)
-        self.fold_info = None
-        if self.cfg.fold and self.cfg.bm == 128:            # the fold GEMMs' tile kinds (gluon_moe_fold_info)
-            from .gluon_moe_fold_info import fold_info
-
-            self.fold_info = fold_info(self.al, self.cfg.fold, self.cfg.fold_max)
+            return
+        self.al, self.xq, self.xs_t = align_quant_pairs(self.x, self.ids, self.E, self.tiles.bm, self.offset,
+                                                        span=span, rows_per_prog=self.cfg.glue_rows,
+                                                        zero_pad=self.cfg.zpad)
 
     def quant(self) -> None:
         if not self.cfg.glue:            # else done by align
@@ -218,16 +190,14 @@ class GluonMoeRun(MoeRun):
             return super().gate_up()
         ex = self.experts
         gemm_ws(self.xq, self.xs_t, ex.gate_up, self._scales_by_k("gate_up"), ex.gate_up_bias, self.h, self.hs_t, self.al,
-                self.weights, K=self.H, N=2 * self.I, epi=1, limit=self.limit, cfg=self.cfg,
-                fold_info=self.fold_info)
+                self.weights, K=self.H, N=2 * self.I, epi=1, limit=self.limit, cfg=self.cfg)
 
     def down(self) -> None:
         if not (self.cfg.down and self.gluon_ok()):
             return super().down()
         ex = self.experts
         gemm_ws(self.h, self.hs_t, ex.down, self._scales_by_k("down"), ex.down_bias, self.y, None, self.al, self.weights,
-                K=self.I, N=self.H, epi=2, limit=self.limit, cfg=self.cfg,
-                fold_info=self.fold_info)
+                K=self.I, N=self.H, epi=2, limit=self.limit, cfg=self.cfg)
 
 
 def fused_moe_gluon(x: torch.Tensor, weights: torch.Tensor, ids: torch.Tensor, experts: ExpertWeights,
