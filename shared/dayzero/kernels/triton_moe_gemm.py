@@ -26,6 +26,8 @@ import os
 import triton
 import triton.language as tl
 
+from .triton_swiglu import clamped_swiglu
+
 FP8_MAX = tl.constexpr(448.0)
 SCALE_FLOOR = tl.constexpr(1e-10)  # amax floor before dividing (an all-zero group gets a tiny, finite scale)
 
@@ -156,9 +158,7 @@ def moe_gemm_kernel(
     if EPI == 1:
         v = acc.to(tl.bfloat16).to(tl.float32)                 # gate_up rounds to bf16 like the reference
         gate, up = tl.split(tl.reshape(v, (BM, BN // 2, 2)))  # interleaved columns: even gate, odd up
-        gate = tl.minimum(gate, limit)
-        up = tl.minimum(tl.maximum(up, -limit), limit)
-        h = (up + 1.0) * (gate * tl.sigmoid(alpha * gate))
+        h = clamped_swiglu(gate, up, limit, alpha)
         h = h.to(tl.bfloat16)
         offs_h = pid_n * (BN // 2) + tl.arange(0, BN // 2)
         h_mask = row_ok[:, None] & (offs_h < N // 2)[None, :]

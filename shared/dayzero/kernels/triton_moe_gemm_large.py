@@ -30,6 +30,8 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
+from .triton_swiglu import clamped_swiglu
+
 FP8_MAX = tl.constexpr(448.0)
 SCALE_FLOOR = tl.constexpr(1e-10)
 
@@ -68,9 +70,7 @@ def _swiglu(acc, bias_ptr, offs_n, N, limit, alpha, BM: tl.constexpr, BNS: tl.co
     bias = tl.load(bias_ptr + offs_n, mask=offs_n < N, other=0.0).to(tl.float32)
     v = (acc + bias[None, :]).to(tl.bfloat16).to(tl.float32)  # gate_up rounds to bf16 like the reference
     gate, up = tl.split(tl.reshape(v, (BM, BNS // 2, 2)))
-    gate = tl.minimum(gate, limit)
-    up = tl.minimum(tl.maximum(up, -limit), limit)
-    h = (up + 1.0) * (gate * tl.sigmoid(alpha * gate))
+    h = clamped_swiglu(gate, up, limit, alpha)
     return h.to(tl.bfloat16).to(tl.float32)              # columns past N are exactly 0
 
 

@@ -26,6 +26,7 @@ import triton.language as tl
 from .triton_moe_small_pdl import trigger, wait
 from .triton_moe_small_route import _touched
 from .triton_moe_small_split_kernels import _combine_tile, _ticket
+from .triton_swiglu import clamped_swiglu
 
 
 @triton.jit
@@ -97,9 +98,7 @@ def gemv_gate_up_kernel(x_ptr, ids_ptr, w_ptr, s_ptr, b_ptr, h_ptr, K, N, n_tile
     v = _row_dot(w_ptrs, x_ptr, s_row, K, BN, BK, U, EVEN_K, PIPE, G)
     v = (v + tl.load(b_ptr + e64 * stride_be + rows_c).to(tl.float32)).to(tl.bfloat16).to(tl.float32)
     gate, up = tl.split(tl.reshape(v, (BN // 2, 2)))
-    gate = tl.minimum(gate, limit)
-    up = tl.minimum(tl.maximum(up, -limit), limit)
-    h = (up + 1.0) * (gate * tl.sigmoid(alpha * gate))
+    h = clamped_swiglu(gate, up, limit, alpha)
     cols = tile * (BN // 2) + tl.arange(0, BN // 2)
     tl.store(h_ptr + j * stride_h + cols, h.to(h_ptr.dtype.element_ty), mask=cols < N // 2)
 

@@ -37,6 +37,7 @@ from .triton_gemv import _fence_gpu, pow2_row_scales
 from .triton_moe_small_pdl import trigger, wait
 from .triton_moe_small_route import (_chunk_end, _local_ids, _rows, _rows_of, _slot, _slot_of, _touched,
                                      _touched_of)
+from .triton_swiglu import clamped_swiglu
 
 
 @triton.jit
@@ -135,9 +136,7 @@ def _swiglu_store(v, bias, h_ptr, pair, row_ok, pid_n, N, stride_h, limit, alpha
     """h[pair, tile's I columns] = clamped SwiGLU of bf16(v + b1) (gate even, up odd columns)."""
     v = (v + bias[None, :]).to(tl.bfloat16).to(tl.float32)
     gate, up = tl.split(tl.reshape(v, (BM, BN // 2, 2)))
-    gate = tl.minimum(gate, limit)
-    up = tl.minimum(tl.maximum(up, -limit), limit)
-    h = (up + 1.0) * (gate * tl.sigmoid(alpha * gate))
+    h = clamped_swiglu(gate, up, limit, alpha)
     offs_h = pid_n * (BN // 2) + tl.arange(0, BN // 2)
     tl.store(h_ptr + pair.to(tl.int64)[:, None] * stride_h + offs_h[None, :], h.to(h_ptr.dtype.element_ty),
              mask=row_ok[:, None] & (offs_h < N // 2)[None, :])

@@ -32,6 +32,7 @@ import triton.language as tl
 
 from .triton_moe_small_pdl import trigger, wait
 from .triton_moe_small_split_kernels import _combine_tile, _ticket
+from .triton_swiglu import clamped_swiglu
 
 FP8_MAX = tl.constexpr(448.0)
 # ``SplitTiles`` fields of the candidates (``triton_moe_small_split.VARIANTS`` adds the run-10 options
@@ -235,9 +236,7 @@ def wg_gate_up_kernel(x_ptr, ids_ptr, w_ptr, s_ptr, b_ptr, h_ptr, K, N, P, offse
     v = _row_dot8(w_src, e, tile * BN, x_row, s_row, 0, K, K, hs, BN, BK, BT, KP, X2, EVEN_K, DOT_F32, False, TMA)
     v = (v + tl.load(b_ptr + e64 * stride_be + rows_c).to(tl.float32)).to(tl.bfloat16).to(tl.float32)
     gate, up = tl.split(tl.reshape(v, (BN // 2, 2)))
-    gate = tl.minimum(gate, limit)
-    up = tl.minimum(tl.maximum(up, -limit), limit)
-    h = (up + 1.0) * (gate * tl.sigmoid(alpha * gate))
+    h = clamped_swiglu(gate, up, limit, alpha)
     cols = tile * (BN // 2) + tl.arange(0, BN // 2)
     if HQ:   # h_ptr: the e4m3 view [P, 2 * I] of h (stride_h = 2I)
         _store_hq(h, h_ptr + j * stride_h, cols, cols < N // 2, N // 2, hs)

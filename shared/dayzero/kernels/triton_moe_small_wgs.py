@@ -20,6 +20,7 @@ from .triton_moe_small_pdl import trigger, wait
 from .triton_moe_small_route import _local_ids, _rows, _slot, _touched
 from .triton_moe_small_split_kernels import _combine_rows, _ticket
 from .triton_moe_small_wg import FP8_MAX, _acc_dot, _expert_tiles, _h_scale, _hq, _tma, _weight_tile, _weights
+from .triton_swiglu import clamped_swiglu
 
 TS = tl.constexpr(8)   # tokens a slot can carry: B columns 0-7 (hi) and 8-15 (lo)
 
@@ -130,9 +131,7 @@ def wgs_gate_up_kernel(x_ptr, ids_ptr, w_ptr, s_ptr, b_ptr, h_ptr, K, N, P, offs
                   DOT_F32, False, TMA)                                                    # [BN, TS]
     v = (v + tl.load(b_ptr + e64 * stride_be + rows_c).to(tl.float32)[:, None]).to(tl.bfloat16).to(tl.float32)
     gate, up = tl.split(tl.permute(tl.reshape(v, (BN // 2, 2, TS)), (0, 2, 1)))          # [BN / 2, TS] each
-    gate = tl.minimum(gate, limit)
-    up = tl.minimum(tl.maximum(up, -limit), limit)
-    t = ((up + 1.0) * (gate * tl.sigmoid(alpha * gate))) / hs
+    t = clamped_swiglu(gate, up, limit, alpha) / hs
     cols = tile * (BN // 2) + tl.arange(0, BN // 2)
     m = (cols < N // 2)[:, None] & ok[None, :]
     q = h_ptr + pair.to(tl.int64)[None, :] * stride_h + cols[:, None]   # h: e4m3 [P, 2I], hi then lo
