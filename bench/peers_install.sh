@@ -12,7 +12,7 @@ export PEERS_SITE="${PEERS_SITE:-/tmp/site}"
 # FlashInfer's JIT cache (shared by the parallel builds of flashinfer_compare.py): a git-ignored folder of the
 # repository, which the device tool keeps between calls on a warm machine (a later call's builds load from it)
 export FLASHINFER_WORKSPACE_BASE="${FLASHINFER_WORKSPACE_BASE:-$_peers_root/.fi-ws}"
-if ls "$_peers_wheels"/*.whl "$_peers_wheels"/*.tar.xz >/dev/null 2>&1; then
+if compgen -G "$_peers_wheels/*.whl" >/dev/null || compgen -G "$_peers_wheels/*.tar.xz" >/dev/null; then
   mkdir -p "$PEERS_SITE"
   _peers_unpack() {  # a pure-Python wheel repacked as tar.xz by peers_fetch.sh (to fit the carry): unpacked as pip would
     python3 - "$PEERS_SITE" "$_peers_wheels" <<'PY' || return 1
@@ -21,7 +21,7 @@ for p in glob.glob(os.path.join(sys.argv[2], "*.tar.xz")):
     with tarfile.open(p) as t:
         t.extractall(sys.argv[1], filter="data")
 PY
-    if ls "$_peers_wheels"/*.whl >/dev/null 2>&1; then
+    if compgen -G "$_peers_wheels/*.whl" >/dev/null; then
       python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade \
         --target "$PEERS_SITE" "$_peers_wheels"/*.whl
     fi
