@@ -226,14 +226,15 @@ def default_tiles(pairs: int, E: int) -> SplitTiles:
     registered-op / graph-replay tests and the engine's CUDA-graph tests passed under it): wg_d64_s2_qt at
     T * k <= 4 (T = 1: 34.5 / 34.8 vs gvq_d32_r 40.2 / 40.6), wg2_d64_s2_qtp at <= 8 (T = 2: 60.9 / 62.6 vs
     gvq2_d64_r 65.6 / 66.9), wg8_d64_qtp at <= 16 (T = 4: 96.0 / 111.9 vs gvqt8_d32_rp 103.2 / 118.8),
-    bn64_r_x16 at <= 32 (T = 8: 174.9 / 224.9 vs bn64_r 186.9 / 244.1; wg8_d64_qtp 176.1 / 197.7 is slower at
-    E = 32), bn64_x16 above (T = 16: 212.1 / 331.7 vs bn64 233.7 / 371.5).
+    bn64_x16 above 32 (T = 16: 212.1 / 331.7 vs bn64 233.7 / 371.5). Session 9 (``candidates.sh moe``):
+    wgs8_d64_qt at <= 32 (the slot kernels: one program per expert, its <= 8 tokens as wgmma B columns; T = 8:
+    158.4 / 203.6 vs bn64_r_x16 175.3 / 225.7; session 8's bn64_r_x16 had replaced bn64_r there).
     ``DAYZERO_MOE_SMALL_TILES`` overrides it (``forced_tiles``: device tests of candidates)."""
     forced = forced_tiles(pairs)
     if forced is not None:
         return forced
     return VARIANTS["wg_d64_s2_qt" if pairs <= 4 else "wg2_d64_s2_qtp" if pairs <= 8 else "wg8_d64_qtp" if pairs <= 16
-                    else "bn64_r_x16" if pairs <= 32 else "bn64_x16"]
+                    else "wgs8_d64_qt" if pairs <= 32 else "bn64_x16"]
 
 
 def choose_split(requested: int, slots: int, n_tiles: int, K: int, tiles: SplitTiles) -> int:
