@@ -70,10 +70,13 @@ def decode_rows():
 def splitkv_rows():
     from dayzero.kernels import triton_attention_splitkv as F
     base = dict(GROUP=8, G_P2=16, BS=16, HEAD_D=64, HAS_WINDOW=False, PART_BF16=False, STRIDED=True, BLOCK_N=64,
-                SINGLE=False, PDL=False)
+                SINGLE=False, PDL=False, HEAD_MAJOR=False, EARLY_NEW=False, EARLY_KV=0)
     for bn, st, strided, mx in ((64, 3, True, 0), (64, 4, True, 0), (128, 3, False, 128), (128, 3, False, 0)):
         yield check(F._decode_split2_kernel, dict(base, BLOCK_N=bn, STRIDED=strided), 4, st, maxnreg=mx)
     yield check(F._decode_split2_kernel, dict(base, PDL=True), 4, 3)
+    yield check(F._decode_split2_kernel, dict(base, PDL=True, HEAD_MAJOR=True), 4, 3)   # the shipped preset
+    for ekv in (1, 2):   # session 9 candidates: tiles loaded before the PDL wait
+        yield check(F._decode_split2_kernel, dict(base, PDL=True, HEAD_MAJOR=True, EARLY_KV=ekv), 4, 3)
     for bn, st in ((64, 3), (128, 2)):   # one split (SINGLE: writes the output itself)
         yield check(F._decode_split2_kernel, dict(base, BLOCK_N=bn, SINGLE=True), 4, st)
     for pdl in (False, True):

@@ -126,6 +126,10 @@ DECODE_VARIANTS = {  # the decode configs the benchmark may pick (PDL: programma
     "strided_n64_hm_pdl": dict(MERGE="kernel", STRIDED=True, BLOCK_N=64, HEAD_MAJOR=True, PDL=True),
     "strided_n128_hm": dict(MERGE="kernel", STRIDED=True, BLOCK_N=128, HEAD_MAJOR=True),
     "strided_n64_hm_en": dict(MERGE="kernel", STRIDED=True, BLOCK_N=64, HEAD_MAJOR=True, EARLY_NEW=True),
+    # session 9: the first 1 / 2 K/V tiles before the PDL wait; _t: the merge triggers the next grid early
+    "strided_n64_hm_ekv1": dict(MERGE="kernel", STRIDED=True, BLOCK_N=64, HEAD_MAJOR=True, EARLY_KV=1),
+    "strided_n64_hm_ekv2t": dict(MERGE="kernel", STRIDED=True, BLOCK_N=64, HEAD_MAJOR=True, EARLY_KV=2,
+                                 EARLY_TRIGGER=True),
 }
 
 
@@ -227,6 +231,8 @@ PDL_TWINS = {  # decode paths whose PDL launch must give the no-PDL launch's bit
     "combine": dict(MERGE="combine"),
     "strided_hm": dict(MERGE="kernel", STRIDED=True, BLOCK_N=64, HEAD_MAJOR=True),
     "strided_hm_en": dict(MERGE="kernel", STRIDED=True, BLOCK_N=64, HEAD_MAJOR=True, EARLY_NEW=True),
+    "strided_hm_ekv1t": dict(MERGE="kernel", STRIDED=True, BLOCK_N=64, HEAD_MAJOR=True, EARLY_KV=1, EARLY_TRIGGER=True),
+    "strided_hm_ekv2t": dict(MERGE="kernel", STRIDED=True, BLOCK_N=64, HEAD_MAJOR=True, EARLY_KV=2, EARLY_TRIGGER=True),
 }
 
 

@@ -164,6 +164,15 @@ DECODE_PRESETS = {
     # candidate, never run on a GPU: split 0's new key / value / sink loads moved before the loop (sm_90: the
     # 2 dependent loads after the loop leave split 0's tail; same registers, 0 spills)
     "kernel_strided_n64_hm_en": dict(MERGE="kernel", STRIDED=True, BLOCK_N=64, HEAD_MAJOR=True, EARLY_NEW=True),
+    # candidates, never run on a GPU (session 9, CPU only): the default preset with each split program's first 1 / 2
+    # K/V tiles loaded before its PDL wait (EARLY_KV), and (_t) the merge letting the next PDL grid launch before
+    # its own wait (EARLY_TRIGGER): triton_attention_splitkv's splitkv_decode
+    "kernel_strided_n64_hm_ekv1": dict(MERGE="kernel", STRIDED=True, BLOCK_N=64, HEAD_MAJOR=True, EARLY_KV=1),
+    "kernel_strided_n64_hm_ekv2": dict(MERGE="kernel", STRIDED=True, BLOCK_N=64, HEAD_MAJOR=True, EARLY_KV=2),
+    "kernel_strided_n64_hm_ekv1t": dict(MERGE="kernel", STRIDED=True, BLOCK_N=64, HEAD_MAJOR=True, EARLY_KV=1,
+                                        EARLY_TRIGGER=True),
+    "kernel_strided_n64_hm_ekv2t": dict(MERGE="kernel", STRIDED=True, BLOCK_N=64, HEAD_MAJOR=True, EARLY_KV=2,
+                                        EARLY_TRIGGER=True),
     "kernel_strided_n128": dict(MERGE="kernel", STRIDED=True, BLOCK_N=128),
     "kernel_strided_n128_hm": dict(MERGE="kernel", STRIDED=True, BLOCK_N=128, HEAD_MAJOR=True),
     # candidates, never run on a GPU (session 6, CPU only): K/V pages by TMA into an mbarrier ring, grid
@@ -266,7 +275,7 @@ class DecodePlan:
         B = cached_lens.shape[0]
         cfg = dict(default_decode_config(D, window, split=False))   # this module's kernels
         cfg.update(config or {})
-        for key in ("MERGE", "PART_BF16", "STRIDED", "HEAD_MAJOR", "EARLY_NEW"):
+        for key in ("MERGE", "PART_BF16", "STRIDED", "HEAD_MAJOR", "EARLY_NEW", "EARLY_KV", "EARLY_TRIGGER"):
             cfg.pop(key, None)
         if not cfg.get("maxnreg", 1):
             cfg.pop("maxnreg")

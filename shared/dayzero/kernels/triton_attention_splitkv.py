@@ -74,6 +74,29 @@ def attend_tile(q, kc_head, vc_head, blk, slot, ok, offs_d, stride_kcb, stride_k
 
 
 @triton.jit
+def load_tile(kc_head, vc_head, blk, slot, ok, offs_d, stride_kcb, stride_kct, stride_vcb, stride_vct):
+    """``attend_tile``'s K and V loads alone ([BN, D] each): ``EARLY_KV`` issues them before the PDL wait."""
+    kt = tl.load(kc_head + (blk * stride_kcb + slot * stride_kct)[:, None] + offs_d[None, :],
+                 mask=ok[:, None], other=0.0)
+    vt = tl.load(vc_head + (blk * stride_vcb + slot * stride_vct)[:, None] + offs_d[None, :],
+                 mask=ok[:, None], other=0.0)
+    return kt, vt
+
+
+@triton.jit
+def attend_loaded(q, kt, vt, ok, qk_scale, m_i, l_i, acc):
+    """``attend_tile``'s arithmetic on tiles already loaded (``load_tile``): (m_i, l_i, acc)."""
+    qk = tl.dot(q, tl.trans(kt)) * qk_scale                  # [G, BN]
+    qk = tl.where(ok[None, :], qk, float("-inf"))
+    m_new = tl.maximum(m_i, tl.max(qk, 1))
+    p = tl.math.exp2(qk - m_new[:, None])
+    alpha = tl.math.exp2(m_i - m_new)
+    l_i = l_i * alpha + tl.sum(p, 1)
+    acc = acc * alpha[:, None] + tl.dot(p.to(vt.dtype), vt)
+    return m_new, l_i, acc
+
+
+@triton.jit
 def attend_new_and_sink(q, k_row, v_row, offs_d, sink_ptr, heads, g_ok, qk_scale, m_i, l_i, acc):
     """The new token's own key / value (``k_row`` / ``v_row``: its [D] vectors) and the heads' sinks
     (denominator only) folded into the online softmax of ``q [G, D]``: (m_i, l_i, acc)."""
@@ -126,8 +149,9 @@ def _decode_split2_kernel(q_ptr, k_ptr, v_ptr, kc_ptr, vc_ptr, bt_ptr, cu_ptr, c
                           GROUP: tl.constexpr, G_P2: tl.constexpr, BS: tl.constexpr, HEAD_D: tl.constexpr,
                           BLOCK_N: tl.constexpr, HAS_WINDOW: tl.constexpr, PART_BF16: tl.constexpr,
                           STRIDED: tl.constexpr, SINGLE: tl.constexpr, PDL: tl.constexpr,
-                          HEAD_MAJOR: tl.constexpr = False, EARLY_NEW: tl.constexpr = False):
-    if PDL:  # nothing is read before the previous grid is done and visible; then the merge may launch
+                          HEAD_MAJOR: tl.constexpr = False, EARLY_NEW: tl.constexpr = False,
+                          EARLY_KV: tl.constexpr = 0):
+    if PDL and EARLY_KV == 0:  # nothing is read before the previous grid is done and visible; then the merge may launch
         gdc_wait()
         gdc_launch_dependents()
     if HEAD_MAJOR:  # grid (Hkv, S, B): the KV heads of one split launch side by side
@@ -149,6 +173,25 @@ def _decode_split2_kernel(q_ptr, k_ptr, v_ptr, kc_ptr, vc_ptr, bt_ptr, cu_ptr, c
         blk_nx = tl.load(bt_row + col0, mask=col0 < bt_cols, other=0)
     if q_len == 0:  # no new token: no partials (the merge skips this sequence too)
         return
+    if EARLY_KV > 0:  # (STRIDED) the first EARLY_KV tiles' K / V, then the wait: see splitkv_decode
+        step = num_splits * BLOCK_N
+        offs_dk = tl.arange(0, HEAD_D)
+        pos_a = s * BLOCK_N + offs_n
+        ok_a = pos_a < ctx
+        kc_e = kc_ptr + hkv * stride_kch
+        vc_e = vc_ptr + hkv * stride_vch
+        ka, va = load_tile(kc_e, vc_e, blk_nx.to(tl.int64), (pos_a % BS).to(tl.int64), ok_a, offs_dk,
+                           stride_kcb, stride_kct, stride_vcb, stride_vct)
+        blk_nx = tl.load(bt_row + (pos_a + step) // BS, mask=pos_a + step < ctx, other=0)
+        if EARLY_KV > 1:
+            pos_b = pos_a + step
+            ok_b = pos_b < ctx
+            kb, vb = load_tile(kc_e, vc_e, blk_nx.to(tl.int64), (pos_b % BS).to(tl.int64), ok_b, offs_dk,
+                               stride_kcb, stride_kct, stride_vcb, stride_vct)
+            blk_nx = tl.load(bt_row + (pos_b + step) // BS, mask=pos_b + step < ctx, other=0)
+        if PDL:
+            gdc_wait()
+            gdc_launch_dependents()
     lo, start, stop = split_bounds(ctx, window, s, num_splits, HAS_WINDOW, BLOCK_N)
     q, heads, g_ok, offs_g, offs_d, q_row64 = group_query(q_ptr, q_row, hkv, stride_qt, stride_qh,
                                                           GROUP, G_P2, HEAD_D)
@@ -166,6 +209,12 @@ def _decode_split2_kernel(q_ptr, k_ptr, v_ptr, kc_ptr, vc_ptr, bt_ptr, cu_ptr, c
     if STRIDED:  # program s takes tiles s, s + S, s + 2S, ... (full attention only: lo == 0)
         first = s * BLOCK_N
         step = num_splits * BLOCK_N
+        if EARLY_KV > 0:
+            m_i, l_i, acc = attend_loaded(q, ka, va, ok_a, qk_scale, m_i, l_i, acc)
+            first += step
+        if EARLY_KV > 1:
+            m_i, l_i, acc = attend_loaded(q, kb, vb, ok_b, qk_scale, m_i, l_i, acc)
+            first += step
         last = ctx
     else:        # program s takes one contiguous run of tiles
         first = start
@@ -209,10 +258,13 @@ def _decode_split2_kernel(q_ptr, k_ptr, v_ptr, kc_ptr, vc_ptr, bt_ptr, cu_ptr, c
 @triton.jit
 def _merge_kernel(cu_ptr, o_ptr, mp_ptr, lp_ptr, op_ptr, stride_ot, stride_oh, num_splits,
                   GROUP: tl.constexpr, HEAD_D: tl.constexpr, S_P2: tl.constexpr, PART_BF16: tl.constexpr,
-                  PDL: tl.constexpr):
+                  PDL: tl.constexpr, EARLY_TRIGGER: tl.constexpr = False):
     """Grid (Hq, B): merge one head's split partials (split 0 holds the new key and the sink).
     ``PDL``: launched while the split kernel runs; cu (which the split kernel does not write, and which
-    its programs read only after their own wait) is read first, the partials only after the wait."""
+    its programs read only after their own wait) is read first, the partials only after the wait.
+    ``EARLY_TRIGGER``: the next PDL grid may launch before this one's wait (a split kernel behind it with
+    ``EARLY_KV`` then loads its first tiles while this merge waits; it writes partials only after its own wait,
+    i.e. after this merge has read them)."""
     h = tl.program_id(0)
     b = tl.program_id(1)
     offs_s = tl.arange(0, S_P2)
@@ -221,10 +273,13 @@ def _merge_kernel(cu_ptr, o_ptr, mp_ptr, lp_ptr, op_ptr, stride_ot, stride_oh, n
     n_kv = tl.num_programs(0) // GROUP
     row = ((b * n_kv + h // GROUP).to(tl.int64) * num_splits + offs_s) * GROUP + h % GROUP     # [S]
     if PDL:
+        if EARLY_TRIGGER:
+            gdc_launch_dependents()
         q_row = tl.load(cu_ptr + b)
         q_end = tl.load(cu_ptr + b + 1)
         gdc_wait()
-        gdc_launch_dependents()
+        if not EARLY_TRIGGER:
+            gdc_launch_dependents()
     # the partials' addresses depend on no load: without PDL they are read together with cu
     m_s = tl.load(mp_ptr + row, mask=s_ok, other=-1.0e30)
     l_s = tl.load(lp_ptr + row, mask=s_ok, other=0.0)
@@ -248,8 +303,13 @@ def splitkv_decode(cfg: dict, num_splits: int, q, k, v, k_cache, v_cache, block_
                    merge: bool = True) -> torch.Tensor:
     """Split kernel, then ``_merge_kernel`` (``cfg``: BLOCK_N, STRIDED (full attention only), PART_BF16,
     HEAD_MAJOR (grid (Hkv, S, B) instead of (S, Hkv, B)), EARLY_NEW (the new key / value and the sinks read
-    before the loop, not after it in split 0), num_warps, num_stages, maxnreg). ``num_splits == 1``: the split
-    kernel alone writes ``out``.
+    before the loop, not after it in split 0), EARLY_KV (0-2; strided, split: each program's first EARLY_KV
+    tiles of cached K / V loaded before its PDL wait, so they stream while the previous kernel finishes; this
+    reads cu / cached_lens / the table and cache rows below each sequence's length before the wait, which is
+    safe because no kernel of a decode step writes those: the metadata is copied before the step and the new
+    key is stored at position ctx, which the split kernel takes from ``k`` / ``v``, after the wait), num_warps,
+    num_stages, maxnreg), EARLY_TRIGGER (the merge lets the next PDL grid launch before its own wait: see
+    ``_merge_kernel``). ``num_splits == 1``: the split kernel alone writes ``out``.
     ``pdl``: both kernels launched with programmatic dependent launch (ignored by the interpreter).
     ``merge=False`` (benchmarks only: the split kernel's time alone) leaves the partials unmerged."""
     cfg = dict(cfg)
@@ -258,6 +318,11 @@ def splitkv_decode(cfg: dict, num_splits: int, q, k, v, k_cache, v_cache, block_
     strided = bool(cfg.pop("STRIDED", False)) and window == 0
     head_major = bool(cfg.pop("HEAD_MAJOR", False))
     early_new = bool(cfg.pop("EARLY_NEW", False))
+    early_kv = int(cfg.pop("EARLY_KV", 0))
+    early_trigger = bool(cfg.pop("EARLY_TRIGGER", False))
+    if not 0 <= early_kv <= 2:
+        raise ValueError(f"EARLY_KV must be 0, 1 or 2 tiles, got {early_kv}")
+    early_kv = early_kv if strided and num_splits > 1 else 0
     pdl = bool(pdl) and not interpreting()
     extra = dict(launch_pdl=True) if pdl else {}
     B, Hkv, D = cached_lens.shape[0], k.shape[1], q.shape[2]
@@ -273,10 +338,10 @@ def splitkv_decode(cfg: dict, num_splits: int, q, k, v, k_cache, v_cache, block_
         block_tables.stride(0), out.stride(0), out.stride(1), qk_scale, window, num_splits, block_tables.shape[1],
         GROUP=group, G_P2=max(16, triton.next_power_of_2(group)), BS=k_cache.shape[1], HEAD_D=D, BLOCK_N=bn,
         HAS_WINDOW=window > 0, PART_BF16=part_bf16, STRIDED=strided, SINGLE=single, PDL=pdl,
-        HEAD_MAJOR=head_major, EARLY_NEW=early_new, **cfg, **extra)
+        HEAD_MAJOR=head_major, EARLY_NEW=early_new, EARLY_KV=early_kv, **cfg, **extra)
     if single or not merge:
         return out
-    return merge_splits(cu_seqlens_q, out, mp, lp, op, num_splits, group, part_bf16, pdl)
+    return merge_splits(cu_seqlens_q, out, mp, lp, op, num_splits, group, part_bf16, pdl, early_trigger)
 
 
 def split_partials(out, B: int, Hkv: int, num_splits: int, group: int, D: int, part_bf16: bool = False):
@@ -290,12 +355,13 @@ def split_partials(out, B: int, Hkv: int, num_splits: int, group: int, D: int, p
     return mp, torch.empty_like(mp), op
 
 
-def merge_splits(cu_seqlens_q, out, mp, lp, op, num_splits: int, group: int, part_bf16: bool, pdl: bool):
+def merge_splits(cu_seqlens_q, out, mp, lp, op, num_splits: int, group: int, part_bf16: bool, pdl: bool,
+                 early_trigger: bool = False):
     """``_merge_kernel`` over the partials of ``split_partials`` into ``out`` [T, Hq, D] (one program per query
     head and sequence; the sink was counted by split 0 only)."""
     B, D = mp.shape[0], out.shape[2]
     _merge_kernel[(out.shape[1], B)](cu_seqlens_q, out, mp, lp, op, out.stride(0), out.stride(1), num_splits,
                                      GROUP=group, HEAD_D=D, S_P2=max(2, triton.next_power_of_2(num_splits)),
-                                     PART_BF16=part_bf16, PDL=pdl, num_warps=1,
+                                     PART_BF16=part_bf16, PDL=pdl, EARLY_TRIGGER=early_trigger and pdl, num_warps=1,
                                      **(dict(launch_pdl=True) if pdl else {}))
     return out
