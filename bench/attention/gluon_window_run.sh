@@ -19,7 +19,9 @@ cfgs="${GLUON_WINDOW_CONFIGS:-$(python3 -c 'from dayzero.kernels.gluon_attention
 nvidia-smi --query-gpu=name,clocks.sm,clocks.max.sm,temperature.gpu,power.draw --format=csv | tee "$log"
 parts="$OUT/parts"
 mkdir -p "$parts"
-pt=(python3 -m pytest -q -p no:cacheprovider --noconftest -o addopts="" --durations=4
+# -u -v: each test's name is in its log before it runs, unbuffered (a process the timeout kills loses nothing: session
+# 8's hung ring configurations left empty logs, so which test hung was not known)
+pt=(python3 -u -m pytest -v -p no:cacheprovider --noconftest -o addopts="" --durations=4
     tests/kernels/test_attention_gluon_window_gpu.py)
 # the configuration-free tests (CPU schedule, bad input) and every configuration's GPU tests at once, each
 # in its own process under its own timeout (a hang or fault costs only that process; small cases)
@@ -53,7 +55,7 @@ wait
 reg="${GLUON_WINDOW_REG_CFGS:-}"
 regs=()
 if [ -n "$reg" ]; then
-  rt=(timeout -k 5 "${GLUON_WINDOW_REG_S:-90}" python3 -m pytest -q -p no:cacheprovider --noconftest -o addopts=""
+  rt=(timeout -k 5 "${GLUON_WINDOW_REG_S:-90}" python3 -u -m pytest -q -p no:cacheprovider --noconftest -o addopts=""
       --durations=3)
   ( DAYZERO_WINDOW_REG_CFGS=$reg "${rt[@]}" tests/kernels/test_attention_gluon_window_gpu.py \
       -k registered_window > "$parts/test-reg-dispatch.log" 2>&1; echo $? > "$parts/rc-reg-dispatch" ) &

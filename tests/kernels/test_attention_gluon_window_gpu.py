@@ -24,7 +24,8 @@ from dayzero.kernels import torch_attention as ref_ops
 from dayzero.kernels.gluon_attention_window_schedule import (BN, MAX_WINDOW, PK_KEYS, PK_TOK, WM,
                                                              check_window_supported, cta_tiles, emulate_window,
                                                              emulate_window_packed, kv_ring_holds_window,
-                                                             packed_bounds, packed_chunk, ring_waits_every_phase)
+                                                             kv_ring_protocol, packed_bounds, packed_chunk,
+                                                             packed_cta_units, ring_waits_every_phase)
 from dayzero.kernels.triton_attention_cases import check_output, make_case, seq_errors
 
 TOL = 1e-2
@@ -223,6 +224,57 @@ def test_kv_ring_holds_every_window():
     assert all(kv_ring_holds_window(st) for st in (1, 3, 6, 8))
     assert not kv_ring_holds_window(9)
     assert not kv_ring_holds_window(3, ng=10)
+
+
+def test_kv_ring_protocol_hang_and_fix():
+    """The group ring's barrier protocol (``kv_ring_protocol``: mbarrier phases, arrival counts, expect-tx bytes, TMA
+    landing at any time) over the CTAs the GPU tests launch (132 SMs). Session 8's build waited for groups 0 .. v + 8
+    at every item (its loop-carried ``gw`` compiled away): a CTA of more than 8 units waits on a ring row's phase
+    already passed twice and hangs, under every schedule; the registered-op tests' CTAs (8 units at most) pass. The
+    kernel's waits now (from the warpgroup's previous unit + 9) finish every CTA, with every wait on its own phase and
+    no ring row or Q slot overwritten while read."""
+    edges = [1, 2, 63, 64, 65, 127, 128, 129, 191, 192, 193, 255, 256, 257, 300, 15, 16, 17, 33]   # = GPU_EDGES
+    direct = set(packed_cta_units(edges, 8, 132, 8)) | set(packed_cta_units([4096 + 77, 1100, 5], 8, 132, 8))
+    registered = set(packed_cta_units([300, 129, 1, 17], 8, 132, 8)) | set(
+        packed_cta_units([1, 17, 128, 300, 64, 129], 8, 132, 8))
+    assert max(registered) <= 8 < max(direct)
+    bench = set(packed_cta_units([8192], 8, 132, 8)) | set(packed_cta_units([32768], 8, 132, 8))
+    for stages in (3, 6):
+        for n in sorted(direct | registered | bench):
+            for seed in (None, 0, 1, 2):
+                old = kv_ring_protocol(n, stages, 3, "from0", seed)
+                assert old["done"] == (n <= 8), (stages, n, seed, old["stuck"])
+                new = kv_ring_protocol(n, stages, 3, "fixed", seed)
+                assert new["done"] and not new["violations"], (stages, n, seed, new)
+    # the model sees a ring too small (9 Q slots: a group overwritten while read), as kv_ring_holds_window does
+    assert any(kv_ring_protocol(40, 9, 3, "fixed", seed)["violations"] for seed in range(4))
+
+
+def test_kv_ring_group_waits_compiled():
+    """sm_90 build on the CPU (needs triton, no GPU): the consumers' group-wait loops in pk3sr's TTGIR start at a
+    computed bound. Session 8's build started them at constant 0 (the Gluon canonicalizer replaced the yield of the
+    loop-carried ``gw``, used only as that loop's lower bound, by ``gw`` itself): every item re-waited every group."""
+    pytest.importorskip("triton", reason="the Gluon kernel needs triton")
+    import importlib.util
+    import pathlib
+    import re
+    import sys
+    bench = pathlib.Path(__file__).resolve().parents[2] / "bench"
+    sys.path[:0] = [str(bench), str(bench / "attention")]
+    try:
+        spec = importlib.util.spec_from_file_location("gluon_window_compile", bench / "attention" /
+                                                      "gluon_window_compile.py")
+        mod = importlib.util.module_from_spec(spec)
+        spec.loader.exec_module(mod)
+        builds = []
+        real = mod.build_sm90
+        mod.build_sm90 = lambda *a, **k: builds.append(real(*a, **k)) or builds[-1]
+        mod.check_packed("pk3sr")
+    finally:
+        del sys.path[:2]
+    loops = re.findall(r"scf\.for %lg = (%\S+) to (%\S+)", builds[-1].ttgir)
+    waits = [(lo, hi) for lo, hi in loops if not hi.startswith("%c")]    # (the producer's first 8 groups: 0 to 8)
+    assert len(waits) == 3 and not any(lo.startswith("%c") for lo, _ in waits), loops
 
 
 def test_packed_diagnostics_are_fenced():

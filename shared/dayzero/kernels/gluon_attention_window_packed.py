@@ -403,8 +403,6 @@ def _pk_consumer_serial(p, WG: gl.constexpr, NC: gl.constexpr, S: gl.constexpr, 
     d_l: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1], instr_shape=[16, DW, 16])
     o_l: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1], instr_shape=[16, HD, 16])
     sink0, sink1, lo_w, rtd, lwd, ca, cd = _pk_rows(sink_ptr, h0, window, DW, Q3)
-    if KVR:
-        gw = tok0 * 0 - 1                              # the last group this warpgroup has waited for
     for i in range(WG, gl.cdiv(n_units, UPS) * (2 * UPS), NC):
         v = i // (2 * UPS)
         j = (i // 2) % UPS
@@ -412,9 +410,15 @@ def _pk_consumer_serial(p, WG: gl.constexpr, NC: gl.constexpr, S: gl.constexpr, 
         s = v % S
         mbarrier.wait(ready.index(s), (v // S) & 1)
         if KVR:
-            for lg in range(gw + 1, v + 9):
+            # the groups after those waited for at this warpgroup's previous item (unit (i - NC) // 2: groups up to
+            # its + 8), from its arithmetic and NOT a loop-carried "last group waited" (session 7's ``gw``): triton
+            # 3.6's Gluon canonicalizer replaced that iter_arg's yield by the iter_arg itself (it fed only the inner
+            # loop's lower bound), so every item re-waited groups 0 .. v + 8 and, once the ring wrapped (a CTA of
+            # more than 8 units), waited on phases already passed twice: the direct tests' hang (bench/NOTES.md
+            # session 9; ``kv_ring_protocol`` models it)
+            lo = gl.where(i >= NC, (i - NC) // (2 * UPS) + 9, 0)
+            for lg in range(lo, v + 9):
                 mbarrier.wait(st[2].index(lg % KVG), (lg // KVG) & 1)
-            gw = v + 8
         if DIAG == 1:                    # diagnostic: the ring's fill rate alone (nothing computed or stored)
             mbarrier.arrive(empty.index(s))
         else:

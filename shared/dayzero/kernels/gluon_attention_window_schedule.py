@@ -207,3 +207,153 @@ def emulate_window_packed(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cu_
                         for j, h in enumerate(heads):
                             out[q_start + tok[keep], h] = res[j * PK_TOK:(j + 1) * PK_TOK][keep]
     return out
+
+
+def packed_cta_units(q_lens: list[int], hkv: int, sms: int, min_units: int, ups: int = 1) -> list[int]:
+    """The units (16 tokens) each CTA of version 2 walks (``n_units`` of ``window_packed_kernel``), one entry per KV
+    head x chunk x sequence with work, for a launch over sequences of ``q_lens`` new tokens on ``sms`` SMs."""
+    per, n_chunks = packed_chunk(max(q_lens), len(q_lens) * hkv, sms, min_units, ups)
+    out = []
+    for q_len in q_lens:
+        for c in range(n_chunks):
+            n = min(-(-q_len // PK_TOK) - c * per, per)
+            if n > 0:
+                out += [n] * hkv
+    return out
+
+
+class _MBarrier:
+    """An mbarrier as sm_90 keeps it: completed phases ``k``, arrivals still due and transaction bytes still due in
+    the current phase; ``try_wait.parity(p)`` passes while the current phase's parity (k & 1) differs from p (phase
+    p, or one of the same parity, has completed)."""
+
+    def __init__(self, name: str, count: int):
+        self.name, self.count, self.k, self.pending, self.tx = name, count, 0, count, 0
+
+    def _check(self) -> None:
+        if self.pending == 0 and self.tx == 0:
+            self.k += 1
+            self.pending = self.count
+
+    def arrive(self, tx: int = 0) -> None:        # mbarrier.arrive / arrive.expect_tx
+        self.tx += tx
+        self.pending -= 1
+        self._check()
+
+    def complete_tx(self, nbytes: int) -> None:   # a TMA copy landing
+        self.tx -= nbytes
+        self._check()
+
+    def passes(self, parity: int) -> bool:
+        return (self.k & 1) != parity
+
+
+def kv_ring_protocol(n_units: int, stages: int = 3, nc: int = 3, group_waits: str = "fixed", seed: int | None = 0,
+                     ng: int = 16) -> dict:
+    """The ``kv_ring`` barrier protocol of ``gluon_attention_window_packed`` (``_pk_producer_ring`` and the serial
+    consumers with KVR) for one CTA of ``n_units`` units, run by a scheduler over the producer warp, ``nc`` consumer
+    warpgroups and the TMA copies in flight (each landing at a time of the scheduler's choosing; ``seed`` None: the
+    producer and TMA first, the order that runs ahead most). Barriers as the kernel makes them: ``ready`` / ``empty``
+    per Q slot (counts 1 / 2), ``kvb`` per ring row (count 1); expect-tx bytes as the kernel's, TMA bytes as the boxes
+    deliver them (full boxes, zero fill included). ``group_waits``: "fixed" the kernel's waits (item i waits for groups
+    from its warpgroup's previous unit + 9, or 0, to v + 8), "from0" what session 7's build ran (the loop-carried
+    ``gw`` lost by the compiler: groups 0 .. v + 8 at every item), "gw" session 7's source as written.
+    Returns dict(done, stuck (per blocked actor: what it waits for), violations (a wait passed on a phase other than
+    the one meant, a ring row or Q slot overwritten while an item reads it, a read of data not yet landed), steps)."""
+    import random
+    rng = None if seed is None else random.Random(seed)
+    KB = 64 * 2 * 16                                     # one 16-row box of 64 bf16: 2 KB
+    kvb = [_MBarrier(f"kvb[{r}]", 1) for r in range(ng)]
+    ready = [_MBarrier(f"ready[{s}]", 1) for s in range(stages)]
+    empty = [_MBarrier(f"empty[{s}]", 2) for s in range(stages)]
+    rows = [None] * (ng + 8)                             # group held by each K / V ring row (None: not landed)
+    qslot = [None] * stages                              # unit whose Q quads a slot holds
+    reading: dict[int, tuple] = {}                       # consumer -> (unit, rows read, Q slot) while computing
+    inflight = []                                        # TMA copies issued, not landed: (barrier, bytes, action)
+    violations = []
+
+    def load_group(lg):
+        r = lg % ng
+        targets = [r] + ([ng + r] if r < 8 else [])
+        for c, rd in reading.items():
+            if set(targets) & set(rd[1]):
+                violations.append(f"group {lg} overwrites ring row {r} while consumer {c} reads unit {rd[0]}")
+        for t in targets:
+            rows[t] = None
+        kvb[r].arrive(tx=2 * KB * len(targets))          # expect 4 KB (K + V) or 8 KB with the mirror
+        for t in targets:
+            inflight.append((kvb[r], 2 * KB, ("row", t, lg)))
+
+    def producer():
+        for lg in range(8):
+            load_group(lg)
+        for v in range(n_units):
+            s = v % stages
+            yield ("wait", empty[s], ((v // stages) & 1) ^ 1, v // stages, f"producer empty unit {v}")
+            for c, rd in reading.items():
+                if rd[2] == s:
+                    violations.append(f"Q of unit {v} overwrites slot {s} while consumer {c} reads unit {rd[0]}")
+            qslot[s] = None
+            ready[s].arrive(tx=8 * KB)                   # 2 quads x 4 heads x [16, 64]
+            inflight.append((ready[s], 8 * KB, ("q", s, v)))
+            load_group(v + 8)
+
+    def consumer(wg):
+        for i in range(wg, 2 * n_units, nc):
+            v = i // 2
+            s = v % stages
+            yield ("wait", ready[s], (v // stages) & 1, v // stages + 1, f"consumer {wg} ready unit {v}")
+            if group_waits == "from0":
+                lo = 0
+            elif group_waits == "gw":
+                lo = consumer.gw[wg] + 1
+            else:
+                lo = (i - nc) // 2 + 9 if i >= nc else 0
+            for lg in range(lo, v + 9):
+                yield ("wait", kvb[lg % ng], (lg // ng) & 1, lg // ng + 1, f"consumer {wg} group {lg} (unit {v})")
+            consumer.gw[wg] = v + 8
+            rd = [(v % ng) + j for j in range(8)] + [(v + 8) % ng]
+            want = list(range(v, v + 9))
+            if [rows[r] for r in rd] != want or qslot[s] != v:
+                violations.append(f"consumer {wg} unit {v} reads rows {[rows[r] for r in rd]} / Q {qslot[s]}, "
+                                  f"wants {want} / {v}")
+            reading[wg] = (v, rd, s)
+            yield ("compute", None, 0, 0, "")
+            del reading[wg]
+            empty[s].arrive()
+    consumer.gw = [-1] * nc
+
+    actors = {"producer": producer()}
+    actors.update({f"consumer {g}": consumer(g) for g in range(nc)})
+    blocked = {name: None for name in actors}            # name -> the wait it is stopped at (None: runnable)
+    steps = 0
+    while actors:
+        steps += 1
+        runnable = [n for n in actors if blocked[n] is None or blocked[n][1].passes(blocked[n][2])]
+        choices = [("actor", n) for n in runnable] + [("tma", j) for j in range(len(inflight))]
+        if not choices:
+            stuck = {n: f"{w[4]}: {w[1].name} parity {w[2]} (phases completed {w[1].k})" for n, w in blocked.items()}
+            return dict(done=False, stuck=stuck, violations=violations, steps=steps)
+        if rng is None:   # producer, then TMA, then consumers in order: the producer as far ahead as it can run
+            kind, x = min(choices, key=lambda c: (0, 0) if c == ("actor", "producer") else
+                          (1, c[1]) if c[0] == "tma" else (2, c[1]))
+        else:
+            kind, x = rng.choice(choices)
+        if kind == "tma":
+            bar, nbytes, (what, where, val) = inflight.pop(x)
+            if what == "row":
+                rows[where] = val
+            else:
+                qslot[where] = val
+            bar.complete_tx(nbytes)
+            continue
+        w = blocked[x]
+        if w is not None and w[1].k != w[3]:      # passed, but not on the phase it was meant for
+            violations.append(f"{w[4]}: passed {w[1].name} with {w[1].k} phases completed, meant {w[3]}")
+        try:
+            blocked[x] = next(actors[x])
+            if blocked[x][0] == "compute":
+                blocked[x] = None
+        except StopIteration:
+            del actors[x], blocked[x]
+    return dict(done=True, stuck={}, violations=violations, steps=steps)
