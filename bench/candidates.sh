@@ -18,7 +18,7 @@ cd "$(dirname "$0")/.."
 export PYTHONPATH="shared${PYTHONPATH:+:$PYTHONPATH}"
 OUT="${OUT:-out}"
 mkdir -p "$OUT"
-area="${1:?usage: bench/candidates.sh attention|moe|peers|fi}"
+area="${1:?usage: bench/candidates.sh attention|moe|peers|fi|s9a}"
 rc=0
 part() {  # part NAME DEADLINE_S CMD...
   local name=$1 cap=$2; shift 2
@@ -57,6 +57,15 @@ case "$area" in
       tail -n 6 "$OUT/fi-build/build.log" >> "$OUT/candidates.log"
       tar czf "$OUT/fi-build.tgz" -C "$OUT" fi-build && rm -rf "$OUT/fi-build"
     fi ;;
+  s9a)
+    # session 9: decode attention loads before the PDL wait (EARLY_KV / EARLY_TRIGGER presets; NOTES "Session 9,
+    # lead"), then the window ring with the consumers' group waits fixed (NOTES "Session 9, helper: the window ring")
+    part decode-ekv 170 env PRESET=kernel_strided_n64_hm_ekv2t \
+      TEST_K="(decode and not variants) or other_shapes or long_sequences or random_batches or ekv" \
+      CONFIGS=default,kernel_strided_n64_hm_ekv1,kernel_strided_n64_hm_ekv2,kernel_strided_n64_hm_ekv1t,kernel_strided_n64_hm_ekv2t \
+      PLAN=1:8192,8:1024,1:32768,1:131072,8:8192 DEADLINE_S=165 TEST_CAP_S=75 BENCH_CAP_S=85 bash bench/attention/run_s6b.sh
+    part window-ring 190 env GLUON_WINDOW_TEST_S=45 GLUON_WINDOW_CONFIGS=pk3s,pk3sr,pk3sr6 \
+      GLUON_WINDOW_REG_CFGS=pk3s,pk3sr,pk3sr6 GLUON_WINDOW_DIAG=pkLr bash bench/attention/gluon_window_run.sh ;;
   fi)
     source bench/peers_install.sh >> "$OUT/candidates.log" 2>&1
     part fi-build "${FI_BUILD_S:-300}" python3 bench/attention/flashinfer_compare.py --out "$OUT/fi-build" --build-only \
@@ -71,7 +80,7 @@ case "$area" in
     # HF transformers at its fastest beside the engine on the same 20B weights (logits at 2048 tokens: cosine and
     # top-1; prefill 8192; decode batch 1 / 64; per-op breakdown), on this commit's defaults
     part peers-hf 240 env PEERS_FI=0 PEERS_HF_S=230 bash bench/peers_run.sh ;;
-  *) echo "unknown area $area (attention|moe|peers|fi)"; exit 2 ;;
+  *) echo "unknown area $area (attention|moe|peers|fi|s9a)"; exit 2 ;;
 esac
 sed -i -E "s#$(pwd)/#<repo>/#g; s#/(root|tmp)/[^ :]*#<path>#g" "$OUT/candidates.log"
 echo "candidates $area: rc=$rc" | tee -a "$OUT/candidates.log"
