@@ -4,7 +4,7 @@ WITHOUT a GPU and report registers per thread, spills, shared memory, the progra
 pipeliner turned into async copies, and the SASS instructions of the innermost K loop (per warp and
 128-wide step). Uses Triton's bundled cuobjdump.
 
-    PYTHONPATH=shared python bench/moe/compile_check_small.py [VARIANT ...]
+    PYTHONPATH=shared python bench/moe/compile_check_small.py [VARIANT ...] [--dump DIR]
 
 Integer arguments that a real launch sees as multiples of 16 (pointers, K, N, E, most strides) get
 the same divisibility hint here, so the loads vectorise and pipeline as they do on the device.
@@ -30,7 +30,7 @@ NOT_DIV16 = {"T", "n_tiles", "stride_se", "stride_sn", "limit", "alpha", "offset
 TYPES = {"x_ptr": "*bf16", "h_ptr": "*bf16", "ids_ptr": "*i64", "wt_ptr": "*bf16", "w_ptr": "*fp8e4nv",
          "s_ptr": "*fp32", "b_ptr": "*bf16", "y_ptr": "*fp32", "out_ptr": "*bf16",
          "slot_e_ptr": "*i32", "slot_cnt_ptr": "*i32", "slot_pairs_ptr": "*i32", "limit": "fp32", "alpha": "fp32", "hs": "fp32",
-         "ws_ptr": "*fp32", "ticket_ptr": "*i32"}
+         "ws_ptr": "*fp32", "ticket_ptr": "*i32", "wp_ptr": "*fp8e4nv"}
 
 
 def k_loop(sass: str) -> tuple[int, int, int]:
@@ -64,7 +64,7 @@ def gemv_loop(sass: str) -> int:
     return best
 
 
-def check(kernel, consts: dict, warps: int = 4, stages: int = 4, maxnreg: int = 0) -> dict:
+def check(kernel, consts: dict, warps: int = 4, stages: int = 4, maxnreg: int = 0, dump: str = "") -> dict:
     types = dict(TYPES, h_ptr="*fp16") if consts.get("H16") or "X2" in consts else TYPES
     if consts.get("HQ") or kernel in (WGS.wgs_gate_up_kernel, WGS.wgs_down_kernel):   # h handed over as e4m3 rows
         types = dict(types, h_ptr="*fp8e4nv")
@@ -76,6 +76,10 @@ def check(kernel, consts: dict, warps: int = 4, stages: int = 4, maxnreg: int = 
     b = build_sm90(ASTSource(kernel, sig, consts, attrs), warps, num_stages=stages,
                    **({"maxnreg": maxnreg} if maxnreg else {}))
     sass = b.sass
+    if dump:   # --dump DIR: the PTX / SASS / TTGIR of this build
+        pathlib.Path(dump).parent.mkdir(parents=True, exist_ok=True)
+        for ext, text in (("ptx", b.ptx), ("sass", sass), ("ttgir", b.ttgir)):
+            pathlib.Path(f"{dump}.{ext}").write_text(text)
     if "U" in consts:  # GEMV kernel: one loop trip = U steps of [BN, BK] weights
         loop, hmma, ldg = gemv_loop(sass), 0, -1
         kb_per_warp = consts["BN"] * consts["BK"] * consts["U"] / warps / 1024
@@ -108,11 +112,17 @@ def split_configs(labels=None):
                 continue
             if t.wg:   # T = 1 on the FP8 tensor-core kernels (triton_moe_small_wg), 20B: K = 2880
                 consts = dict(TOPK=4, BN=t.bn_gate_up if kern is S.gate_up_kernel else t.bn_down, BK=128, BT=16,
-                              KP=4096, X2=t.wg, EVEN_K=False, DOT_F32=False, HQ=t.wg_hq, TMA=t.wg_tma)
+                              KP=4096, X2=t.wg, EVEN_K=False, DOT_F32=False, HQ=t.wg_hq, TMA=t.wg_tma, PDL=t.pdl)
+                stages = t.wg_stages
                 if kern is S.down_kernel:
                     consts.update(PB=16, SPLIT=t.wg_split_down)
+                    if "PRE" in WG.wg_down_kernel.arg_names:   # session 9: h-independent loads before the PDL wait
+                        consts.update(PRE=getattr(t, "wg_pre", 0))
+                        if not consts["PRE"]:
+                            consts["wp_ptr"] = None
+                        stages = t.stages_down or t.wg_stages
                 wk = WG.wg_gate_up_kernel if kern is S.gate_up_kernel else WG.wg_down_kernel
-                yield f"{name} {label} T1 wg", wk, consts, t.warps_down or t.warps, t.wg_stages, 0
+                yield f"{name} {label} T1 wg", wk, consts, t.warps_down or t.warps, stages, 0
             if t.gemv and (kern is S.gate_up_kernel or t.gemv_down):  # T = 1 on the GEMV kernels (20B, K = 2880)
                 bn = t.bn_gate_up if kern is S.gate_up_kernel else t.bn_down
                 consts = dict(BN=bn, BK=t.gemv_bk, U=t.gemv_u, EVEN_K=2880 % (t.gemv_bk * t.gemv_u) == 0,
@@ -144,8 +154,13 @@ def split_configs(labels=None):
 
 
 def main() -> int:
-    for label, kern, consts, warps, stages, cap in split_configs(sys.argv[1:] or None):
-        print(label, check(kern, consts, warps, stages, cap), flush=True)
+    args, dump = sys.argv[1:], ""
+    if "--dump" in args:   # --dump DIR: write each build's PTX / SASS / TTGIR there
+        i = args.index("--dump")
+        dump, args = args[i + 1], args[:i] + args[i + 2:]
+    for label, kern, consts, warps, stages, cap in split_configs(args or None):
+        out = str(pathlib.Path(dump) / label.replace(" ", "_")) if dump else ""
+        print(label, check(kern, consts, warps, stages, cap, out), flush=True)
     return 0
 
 
