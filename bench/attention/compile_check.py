@@ -80,7 +80,9 @@ def splitkv_rows():
     for bn, st in ((64, 3), (128, 2)):   # one split (SINGLE: writes the output itself)
         yield check(F._decode_split2_kernel, dict(base, BLOCK_N=bn, SINGLE=True), 4, st)
     for pdl in (False, True):
-        yield check(F._merge_kernel, dict(GROUP=8, HEAD_D=64, S_P2=64, PART_BF16=False, PDL=pdl), 1, 3)
+        yield check(F._merge_kernel, dict(GROUP=8, HEAD_D=64, S_P2=64, PART_BF16=False, PDL=pdl, EARLY_TRIGGER=False),
+                    1, 3)
+    yield check(F._merge_kernel, dict(GROUP=8, HEAD_D=64, S_P2=64, PART_BF16=False, PDL=True, EARLY_TRIGGER=True), 1, 3)
 
 
 def window_rows():

@@ -85,7 +85,9 @@ def load_tile(kc_head, vc_head, blk, slot, ok, offs_d, stride_kcb, stride_kct, s
 
 @triton.jit
 def attend_loaded(q, kt, vt, ok, qk_scale, m_i, l_i, acc):
-    """``attend_tile``'s arithmetic on tiles already loaded (``load_tile``): (m_i, l_i, acc)."""
+    """``attend_tile``'s arithmetic on tiles already loaded (``load_tile``): (m_i, l_i, acc). Kept apart from
+    ``attend_tile`` on purpose: routing it through these two changed the shipped kernel's sm_90 code
+    (compile_check digest ffc36392918a -> 157ec9eef87d, session 9), which is what was measured."""
     qk = tl.dot(q, tl.trans(kt)) * qk_scale                  # [G, BN]
     qk = tl.where(ok[None, :], qk, float("-inf"))
     m_new = tl.maximum(m_i, tl.max(qk, 1))
