@@ -97,6 +97,16 @@ WG_VARIANTS = {
                             pdl=True, wg_pre=3, stages_down=3, **_WG),
     "wg8_d64_qtw3": dict(bn_gate_up=64, bn_down=64, gemv_max_t=8, wg_hq=True, wg_tma=True, pdl=True, wg_pre=3,
                          stages_down=3, **_WG),
+    # session 9, lead (CPU only): the TMA ring 6 / 3 stages deep at T = 1 (more / fewer weight tiles in flight per
+    # program at ~2.7 programs per SM), the shipped T = 2 / T <= 8 tiles without PDL (PDL cost 0.3-0.5 us at T = 1),
+    # and T <= 8 with 128-row gate_up tiles (half the programs, twice the bytes each)
+    "wg_d64_s2_qt6": dict(bn_gate_up=64, bn_down=64, wg_split_down=2, wg_hq=True, wg_tma=True, wg_stages=6, **_WG),
+    "wg_d64_s2_qt3": dict(bn_gate_up=64, bn_down=64, wg_split_down=2, wg_hq=True, wg_tma=True, wg_stages=3, **_WG),
+    "wg2_d64_s2_qt": dict(bn_gate_up=64, bn_down=64, wg_split_down=2, gemv_max_t=2, wg_hq=True, wg_tma=True, **_WG),
+    "wg8_d64_qt": dict(bn_gate_up=64, bn_down=64, gemv_max_t=8, wg_hq=True, wg_tma=True, **_WG),
+    "wg8_d64_qtp6": dict(bn_gate_up=64, bn_down=64, gemv_max_t=8, wg_hq=True, wg_tma=True, pdl=True, wg_stages=6,
+                         **_WG),
+    "wg8_g128_qtp": dict(bn_gate_up=128, bn_down=64, gemv_max_t=8, wg_hq=True, wg_tma=True, pdl=True, **_WG),
 }
 
 
