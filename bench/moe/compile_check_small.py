@@ -121,10 +121,6 @@ def split_configs(labels=None):
                         if not consts["PRE"]:
                             consts["wp_ptr"] = None
                         stages = t.stages_down or t.wg_stages
-                elif "SPLIT" in WG.wg_gate_up_kernel.arg_names:   # session 9: gate_up over K ranges
-                    consts.update(SPLIT=max(1, t.wg_split_gate_up))
-                    if consts["SPLIT"] == 1:
-                        consts.update(ws_ptr=None, ticket_ptr=None)
                 wk = WG.wg_gate_up_kernel if kern is S.gate_up_kernel else WG.wg_down_kernel
                 yield f"{name} {label} T1 wg", wk, consts, t.warps_down or t.warps, stages, 0
             if t.gemv and (kern is S.gate_up_kernel or t.gemv_down):  # T = 1 on the GEMV kernels (20B, K = 2880)

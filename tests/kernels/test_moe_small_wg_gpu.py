@@ -139,25 +139,6 @@ def test_wg_pre_matches_wait_first(name, T, variant, base, pre):
     assert _tickets_zero(q)
 
 
-@pytest.mark.parametrize("T,variant,base", [(1, "wg_g2_d64_s2_qt", "wg_d64_s2_qt"),
-                                           (2, "wg2_g2_d64_s2_qtp", "wg2_d64_s2_qtp")])
-@pytest.mark.parametrize("name", ["20b", "120b"])
-def test_wg_split_gate_up_matches_unsplit(name, T, variant, base):
-    # wg_split_gate_up: the fp32 partials of 2 K ranges summed by the last program of each (pair, tile) give the
-    # unsplit gate_up's output up to the fp32 summation order; every ticket is back at zero
-    from dayzero.kernels.triton_moe_small_split import MoeSplit
-
-    q, _ = experts(name)
-    E, H, _ = SHAPES[name]
-    x, w, ids = inputs(T, E, H, seed=131 + T)
-    poison()
-    got = MoeSplit(x, w, ids, q, LIMIT, _tiles(variant))().clone()
-    want = MoeSplit(x, w, ids, q, LIMIT, _tiles(base))()
-    assert torch.isfinite(got).all()
-    assert rel(got, want) <= 1e-3, rel(got, want)
-    assert _tickets_zero(q)
-
-
 @pytest.mark.parametrize("variant", ["wg2_d64_s2", "wg2_d64_s2_q", "wgs8_d64_s2_qtp"])
 @pytest.mark.parametrize("repeated", [False, True])
 def test_wg_two_tokens_per_pair(repeated, variant):

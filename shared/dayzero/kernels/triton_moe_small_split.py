@@ -95,7 +95,6 @@ class SplitTiles:
     wg: int = 0
     wg_stages: int = 4
     wg_split_down: int = 1
-    wg_split_gate_up: int = 1    # wg gate_up over K ranges (fp32 partials, the last program per tile sums them)
     wg_hq: bool = False          # gate_up writes h as e4m3 hi + lo rows (fixed scale): down loads them as its B
     wg_tma: bool = False         # the weight tiles through TMA (host descriptors) instead of per-thread cp.async
     # wg kernels with one program per expert slot carrying all its tokens (<= 8) as B columns
@@ -303,8 +302,7 @@ class MoeSplit:
         self.slot_cnt = torch.empty((self.slots,), dtype=torch.int32, device=dev)
         self.slot_pairs = torch.empty((self.slots, self.tb), dtype=torch.int32, device=dev)
         touched = min(self.P, E)  # slots that can be valid (split counts assume all of them are)
-        self.s1 = max(1, t.wg_split_gate_up) if self.wg and not t.wg_slots else 1 if self.gemv or self.wg else \
-            choose_split(t.split_gate_up, touched, self.nt1, H, t)
+        self.s1 = 1 if self.gemv or self.wg else choose_split(t.split_gate_up, touched, self.nt1, H, t)
         self.s2 = max(1, t.wg_split_down) if self.wg else 1 if self.gemv_down else \
             choose_split(t.split_down, touched, self.nt2, I, t)
         n1 = self.slots * self.nt1

@@ -107,12 +107,6 @@ WG_VARIANTS = {
     "wg8_d64_qtp6": dict(bn_gate_up=64, bn_down=64, gemv_max_t=8, wg_hq=True, wg_tma=True, pdl=True, wg_stages=6,
                          **_WG),
     "wg8_g128_qtp": dict(bn_gate_up=128, bn_down=64, gemv_max_t=8, wg_hq=True, wg_tma=True, pdl=True, **_WG),
-    # session 9, lead (CPU only): gate_up over 2 K ranges (720 programs at T = 1 instead of 360: ~5.5 per SM), the
-    # last of a (pair, tile) summing the fp32 partials and running the epilogue
-    "wg_g2_d64_s2_qt": dict(bn_gate_up=64, bn_down=64, wg_split_gate_up=2, wg_split_down=2, wg_hq=True, wg_tma=True,
-                            **_WG),
-    "wg2_g2_d64_s2_qtp": dict(bn_gate_up=64, bn_down=64, wg_split_gate_up=2, wg_split_down=2, gemv_max_t=2,
-                              wg_hq=True, wg_tma=True, pdl=True, **_WG),
 }
 
 
@@ -255,16 +249,11 @@ def wg_gate_up_kernel(x_ptr, ids_ptr, w_ptr, s_ptr, b_ptr, h_ptr, K, N, P, offse
                       stride_wn, stride_se, stride_sn, stride_be, stride_h, limit, alpha, hs,
                       TOPK: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr, BT: tl.constexpr, X2: tl.constexpr,
                       KP: tl.constexpr, EVEN_K: tl.constexpr, DOT_F32: tl.constexpr, HQ: tl.constexpr,
-                      TMA: tl.constexpr = False, PDL: tl.constexpr = False, ws_ptr=None, ticket_ptr=None,
-                      SPLIT: tl.constexpr = 1):
-    """``SPLIT`` > 1 (``wg_split_gate_up``): programs (k range, pair, N tile); each stores its fp32 partial in
-    ws [SPLIT, P, N] and draws a ticket per (pair, tile); the last sums the partials in split order (bitwise
-    deterministic) and runs the bias / SwiGLU / h epilogue, then resets the ticket."""
+                      TMA: tl.constexpr = False, PDL: tl.constexpr = False):
     trigger(PDL)   # the down grid (launch_pdl) may start; it waits for this grid before reading h
     pid = tl.program_id(0)
-    sp = pid % SPLIT
-    j = (pid // SPLIT) % P
-    tile = pid // (SPLIT * P)
+    j = pid % P
+    tile = pid // P
     e = _local(ids_ptr, j, offset, E)
     if e < 0:
         return
@@ -274,22 +263,7 @@ def wg_gate_up_kernel(x_ptr, ids_ptr, w_ptr, s_ptr, b_ptr, h_ptr, K, N, P, offse
     w_src, s_row = _expert_tiles(w_ptr, s_ptr, e64, rows_c, tile, stride_we, stride_wn, stride_se, stride_sn, BN, BK,
                                  TMA)
     x_row = x_ptr + (j // TOPK).to(tl.int64) * stride_x
-    if SPLIT == 1:
-        v = _row_dot8(w_src, e, tile * BN, x_row, s_row, 0, K, K, hs, BN, BK, BT, KP, X2, EVEN_K, DOT_F32, False, TMA)
-    else:
-        per = tl.cdiv(tl.cdiv(K, BK), SPLIT) * BK
-        k_lo = sp * per
-        part = _row_dot8(w_src, e, tile * BN, x_row, s_row, k_lo, tl.minimum(k_lo + per, K), K, hs, BN, BK, BT, KP,
-                         X2, EVEN_K, DOT_F32, False, TMA)
-        tl.store(ws_ptr + (sp * P + j).to(tl.int64) * N + rows, part, mask=rows < N)
-        tp = ticket_ptr + j * tl.cdiv(N, BN) + tile
-        if _ticket(tp, rows, DOT_F32) != SPLIT - 1:
-            return
-        v = tl.zeros((BN,), dtype=tl.float32)
-        for q in tl.static_range(SPLIT):   # the last split of the tile: every partial, in split order
-            v += tl.load(ws_ptr + (q * P + j).to(tl.int64) * N + rows, mask=rows < N, other=0.0,
-                         cache_modifier=".cg")
-        tl.atomic_xchg(tp, 0, sem="relaxed")
+    v = _row_dot8(w_src, e, tile * BN, x_row, s_row, 0, K, K, hs, BN, BK, BT, KP, X2, EVEN_K, DOT_F32, False, TMA)
     v = (v + tl.load(b_ptr + e64 * stride_be + rows_c).to(tl.float32)).to(tl.bfloat16).to(tl.float32)
     gate, up = tl.split(tl.reshape(v, (BN // 2, 2)))
     h = clamped_swiglu(gate, up, limit, alpha)
@@ -456,12 +430,11 @@ def launch_gate_up(run, alpha: float, dot_f32: bool) -> None:
     check_tiles(t)
     w, s, b = ex.gate_up, ex.gate_up_scale, ex.gate_up_bias
     h = _hq(run)
-    split = dict(ws_ptr=run.ws, ticket_ptr=run.tickets1, SPLIT=run.s1) if run.s1 > 1 else {}
-    wg_gate_up_kernel[(run.P * run.nt1 * run.s1,)](
+    wg_gate_up_kernel[(run.P * run.nt1,)](
         run.x, run.ids, _weights(w, t.bn_gate_up, _tma(run, w)), s, b, h, run.H, 2 * run.I, run.P, run.offset, run.E, run.x.stride(0), w.stride(0),
         w.stride(1), s.stride(0), s.stride(1), b.stride(0), h.stride(0), run.limit, alpha, _h_scale(run),
         TOPK=run.k, BN=t.bn_gate_up, BK=128, BT=16, KP=triton.next_power_of_2(run.H), X2=t.wg, EVEN_K=run.H % 128 == 0, DOT_F32=dot_f32,
-        HQ=t.wg_hq, TMA=_tma(run, w), PDL=run.pdl, num_warps=t.warps, num_stages=t.wg_stages, **split)
+        HQ=t.wg_hq, TMA=_tma(run, w), PDL=run.pdl, num_warps=t.warps, num_stages=t.wg_stages)
 
 
 def launch_down(run, dot_f32: bool) -> None:
