@@ -30,7 +30,7 @@ NOT_DIV16 = {"T", "n_tiles", "stride_se", "stride_sn", "limit", "alpha", "offset
 TYPES = {"x_ptr": "*bf16", "h_ptr": "*bf16", "ids_ptr": "*i64", "wt_ptr": "*bf16", "w_ptr": "*fp8e4nv",
          "s_ptr": "*fp32", "b_ptr": "*bf16", "y_ptr": "*fp32", "out_ptr": "*bf16",
          "slot_e_ptr": "*i32", "slot_cnt_ptr": "*i32", "slot_pairs_ptr": "*i32", "limit": "fp32", "alpha": "fp32", "hs": "fp32",
-         "ws_ptr": "*fp32", "ticket_ptr": "*i32", "wp_ptr": "*fp8e4nv"}
+         "ws_ptr": "*fp32", "ticket_ptr": "*i32"}
 
 
 def k_loop(sass: str) -> tuple[int, int, int]:
@@ -116,11 +116,6 @@ def split_configs(labels=None):
                 stages = t.wg_stages
                 if kern is S.down_kernel:
                     consts.update(PB=16, SPLIT=t.wg_split_down)
-                    if "PRE" in WG.wg_down_kernel.arg_names:   # session 9: h-independent loads before the PDL wait
-                        consts.update(PRE=getattr(t, "wg_pre", 0))
-                        if not consts["PRE"]:
-                            consts["wp_ptr"] = None
-                        stages = t.stages_down or t.wg_stages
                 wk = WG.wg_gate_up_kernel if kern is S.gate_up_kernel else WG.wg_down_kernel
                 yield f"{name} {label} T1 wg", wk, consts, t.warps_down or t.warps, stages, 0
             if t.gemv and (kern is S.gate_up_kernel or t.gemv_down):  # T = 1 on the GEMV kernels (20B, K = 2880)

@@ -14,7 +14,7 @@ bench_env moe-wg.log
 export DAYZERO_DEADLINE="${DAYZERO_DEADLINE:-$(( $(date +%s) + 145 ))}"
 steps=",${WG_STEPS:-bench,tests},"
 # bench first (its compile workers fill Triton's cache for the tests too); the shipped tile at each T first
-# (session 9's second lists: the PDL down doing its h-independent loads before the wait, ``_qtwR`` (NOTES
+# (session 9's second lists: the PDL down doing its h-independent loads before the wait, ``_qtwR`` (removed; NOTES
 # "Session 9, helper") were measured in session 9's third call; then the ring depth / PDL-off / g128 lists (NOTES "Session 9,
 # lead: ring depth", measured); then gate_up over 2 K ranges (measured slower, removed: source in commit 08a488b); now the
 # shipped tiles alone (WG_T<T> names candidates); the earlier lists are in this file's git history)

@@ -76,7 +76,7 @@ class SplitTiles:
     gemv_pipe: int = 0
     gemv_group: int = 0
     gemv_max_t: int = 1          # gate_up on the GEMV kernel up to this many tokens (one program per pair)
-    stages_down: int = 0         # pipeline depth of the MMA down kernel (0: ``stages``; wg down: 0 = ``wg_stages``)
+    stages_down: int = 0         # pipeline depth of the MMA down kernel (0: ``stages``)
     # fused calls (``triton_moe_small_pdl``): the down grid launched with programmatic dependent launch
     # (gate_up lets it start at once; down waits for gate_up before reading h or storing)
     pdl: bool = False
@@ -100,10 +100,6 @@ class SplitTiles:
     # wg kernels with one program per expert slot carrying all its tokens (<= 8) as B columns
     # (``triton_moe_small_wgs``: each weight tile read once per call; needs wg = 2 and wg_hq)
     wg_slots: bool = False
-    # wg down with pdl (``triton_moe_small_wg``, session 9): the h-independent loads before the PDL wait: the
-    # routing weight, bias and block scales, and the first wg_pre (<= 4) K steps' weight tiles into registers
-    # (their dots after the K loop, which streams the rest); 0: off
-    wg_pre: int = 0
 
 
 # Candidate launch configurations (the GPU tests check each; the bench times each at every T).

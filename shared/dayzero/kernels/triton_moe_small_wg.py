@@ -19,9 +19,6 @@ and KB of weights in the K loops (bench/NOTES.md "MoE decode run 12").
   * ``wg_down_kernel``: y[sp, j, rows] = partial (h[j] W2[e_j]^T [+ b2]) * routing weight over K split
     sp; a ticket per N tile counts local pairs x SPLIT arrivals, the last sums each token's routes in
     route order, then splits (``_combine_tile``), writes out [T, H] (no local pair: zeros) and resets it.
-    ``PRE`` (``SplitTiles.wg_pre``, with PDL): before the wait the program loads what does not depend on h
-    (routing weight, bias, the first PRE steps' block scales and weight tiles, into registers); its K loop
-    then streams the rest and the preloaded steps are dotted after it.
 Routes to experts outside [offset, offset + E) are skipped. No host syncs (CUDA-graph capturable), fixed
 summation order (bitwise repeatable). ``DOT_F32`` (the CPU interpreter): the dot in fp32 on the same
 e4m3 values (exact products).
@@ -80,33 +77,6 @@ WG_VARIANTS = {
     "wgs8_d64_s2_qtp": dict(bn_gate_up=64, bn_down=64, wg_split_down=2, gemv_max_t=8, wg_hq=True, wg_tma=True,
                             pdl=True, wg_slots=True, **_WG),
     "wgs8_d64_qt": dict(bn_gate_up=64, bn_down=64, gemv_max_t=8, wg_hq=True, wg_tma=True, wg_slots=True, **_WG),
-    # session 9, CPU only (bench/NOTES.md "Session 9, helper"): _wR = the PDL down does its h-independent work
-    # before the wait (``wg_pre``): routing weight, bias, block scales and the first R K steps' weight tiles
-    # (plain loads into registers, 16 per tile and thread; their dots after the K loop, which streams the rest).
-    # The down ring at 3 stages (``stages_down``: 32 KB instead of 42) so that all 360 T = 1 down programs fit
-    # beside gate_up's 360 (4 stages: 300) and preload while gate_up streams
-    "wg_d64_s2_qtw3": dict(bn_gate_up=64, bn_down=64, wg_split_down=2, wg_hq=True, wg_tma=True, pdl=True, wg_pre=3,
-                           stages_down=3, **_WG),
-    "wg_d64_s2_qtw4": dict(bn_gate_up=64, bn_down=64, wg_split_down=2, wg_hq=True, wg_tma=True, pdl=True, wg_pre=4,
-                           stages_down=3, **_WG),
-    # the same R = 3 with the shipped 4-stage down ring (42 KB: ~300 of the 360 down programs resident beside
-    # gate_up, three tiles in flight in the loop instead of two)
-    "wg_d64_s2_qtw3r4": dict(bn_gate_up=64, bn_down=64, wg_split_down=2, wg_hq=True, wg_tma=True, pdl=True,
-                             wg_pre=3, **_WG),
-    "wg2_d64_s2_qtw3": dict(bn_gate_up=64, bn_down=64, wg_split_down=2, gemv_max_t=2, wg_hq=True, wg_tma=True,
-                            pdl=True, wg_pre=3, stages_down=3, **_WG),
-    "wg8_d64_qtw3": dict(bn_gate_up=64, bn_down=64, gemv_max_t=8, wg_hq=True, wg_tma=True, pdl=True, wg_pre=3,
-                         stages_down=3, **_WG),
-    # session 9, lead (CPU only): the TMA ring 6 / 3 stages deep at T = 1 (more / fewer weight tiles in flight per
-    # program at ~2.7 programs per SM), the shipped T = 2 / T <= 8 tiles without PDL (PDL cost 0.3-0.5 us at T = 1),
-    # and T <= 8 with 128-row gate_up tiles (half the programs, twice the bytes each)
-    "wg_d64_s2_qt6": dict(bn_gate_up=64, bn_down=64, wg_split_down=2, wg_hq=True, wg_tma=True, wg_stages=6, **_WG),
-    "wg_d64_s2_qt3": dict(bn_gate_up=64, bn_down=64, wg_split_down=2, wg_hq=True, wg_tma=True, wg_stages=3, **_WG),
-    "wg2_d64_s2_qt": dict(bn_gate_up=64, bn_down=64, wg_split_down=2, gemv_max_t=2, wg_hq=True, wg_tma=True, **_WG),
-    "wg8_d64_qt": dict(bn_gate_up=64, bn_down=64, gemv_max_t=8, wg_hq=True, wg_tma=True, **_WG),
-    "wg8_d64_qtp6": dict(bn_gate_up=64, bn_down=64, gemv_max_t=8, wg_hq=True, wg_tma=True, pdl=True, wg_stages=6,
-                         **_WG),
-    "wg8_g128_qtp": dict(bn_gate_up=128, bn_down=64, gemv_max_t=8, wg_hq=True, wg_tma=True, pdl=True, **_WG),
 }
 
 
@@ -275,41 +245,11 @@ def wg_gate_up_kernel(x_ptr, ids_ptr, w_ptr, s_ptr, b_ptr, h_ptr, K, N, P, offse
 
 
 @triton.jit
-def _pre_tile(wp_ptr, e64, rows_c, k, k_hi, ok, stride_we, stride_wn, BK: tl.constexpr):
-    """down's weight tile [BN, BK] at K offset k by plain global loads into registers (zeros from k_hi on and for a
-    pair of another rank: no bytes): h-independent, so issued before the PDL wait (``PRE``)."""
-    offs = k + tl.arange(0, BK)
-    return tl.load(wp_ptr + e64 * stride_we + rows_c[:, None].to(tl.int64) * stride_wn + offs[None, :],
-                   mask=ok & (offs < k_hi)[None, :], other=0.0)
-
-
-@triton.jit
-def _held(w, ON: tl.constexpr):
-    """w, through an opaque register move when ON (sm_90): Triton's ReorderInstructions moves a dot operand's
-    shared-memory copy next to its source; after this move it sits after the K loop, so the preloaded tiles wait
-    in registers (not 8 KB of shared memory each beside the ring, which cut the programs per SM)."""
-    if ON:
-        w = tl.inline_asm_elementwise("mov.b32 $0, $1;", "=r,r", [w.to(tl.int8, bitcast=True)], dtype=tl.int8,
-                                      is_pure=False, pack=4).to(tl.float8e4nv, bitcast=True)
-    return w
-
-
-@triton.jit
-def _pre_b(h_row, k, k_hi, K, BK: tl.constexpr, BT: tl.constexpr):
-    """The B tile [BK, BT] of h's e4m3 hi / lo rows at K offset k (``_row_dot8``'s HQ tile; zeros from k_hi on)."""
-    r = tl.arange(0, BT)
-    offs = k + tl.arange(0, BK)
-    return tl.trans(tl.load(h_row + (r // (BT // 2))[:, None] * K + offs[None, :],
-                            mask=((r % (BT // 2)) == 0)[:, None] & (offs < k_hi)[None, :], other=0.0))
-
-
-@triton.jit
 def wg_down_kernel(h_ptr, ids_ptr, wt_ptr, w_ptr, s_ptr, b_ptr, y_ptr, out_ptr, ticket_ptr, K, N, n_tiles, T, P,
                    offset, E, stride_h, stride_we, stride_wn, stride_se, stride_sn, stride_be, stride_o, hs,
                    TOPK: tl.constexpr, PB: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr, BT: tl.constexpr,
                    KP: tl.constexpr, X2: tl.constexpr, SPLIT: tl.constexpr, EVEN_K: tl.constexpr, DOT_F32: tl.constexpr,
-                   HQ: tl.constexpr, TMA: tl.constexpr = False, PDL: tl.constexpr = False, PRE: tl.constexpr = 0,
-                   wp_ptr=None):
+                   HQ: tl.constexpr, TMA: tl.constexpr = False, PDL: tl.constexpr = False):
     pid = tl.program_id(0)
     sp = pid % SPLIT
     tile = (pid // SPLIT) % n_tiles
@@ -317,30 +257,6 @@ def wg_down_kernel(h_ptr, ids_ptr, wt_ptr, w_ptr, s_ptr, b_ptr, y_ptr, out_ptr, 
     rows = tile * BN + tl.arange(0, BN)
     n_ok = rows < N
     local = _local_pairs(ids_ptr, P, offset, E, PB)   # (ids: written before gate_up started)
-    if PRE > 0:   # h-independent: routing weight, bias, the first PRE steps' block scales and weight tiles (wp_ptr:
-        # the [E, N, K] weights as a pointer) while gate_up still runs; zeros / no bytes for another rank's pair
-        tl.static_assert(HQ and PRE <= 4)
-        e_p = _local(ids_ptr, j, offset, E)
-        ok = e_p >= 0
-        ep64 = tl.maximum(e_p, 0).to(tl.int64)
-        rows_p = tl.where(n_ok, rows, 0)
-        per_p = tl.cdiv(tl.cdiv(K, BK), SPLIT) * BK
-        klo_p = sp * per_p
-        khi_p = tl.minimum(klo_p + per_p, K)
-        s_p = s_ptr + ep64 * stride_se + ((tile * BN) // 128) * stride_sn
-        rw = tl.load(wt_ptr + j).to(tl.float32)
-        bias = tl.load(b_ptr + ep64 * stride_be + rows_p, mask=ok & (sp == 0), other=0.0).to(tl.float32)
-        w0 = _pre_tile(wp_ptr, ep64, rows_p, klo_p, khi_p, ok, stride_we, stride_wn, BK)
-        c0 = tl.load(s_p + klo_p // BK, mask=ok & (klo_p < khi_p), other=0.0)
-        if PRE >= 2:
-            w1 = _pre_tile(wp_ptr, ep64, rows_p, klo_p + BK, khi_p, ok, stride_we, stride_wn, BK)
-            c1 = tl.load(s_p + klo_p // BK + 1, mask=ok & (klo_p + BK < khi_p), other=0.0)
-        if PRE >= 3:
-            w2 = _pre_tile(wp_ptr, ep64, rows_p, klo_p + 2 * BK, khi_p, ok, stride_we, stride_wn, BK)
-            c2 = tl.load(s_p + klo_p // BK + 2, mask=ok & (klo_p + 2 * BK < khi_p), other=0.0)
-        if PRE >= 4:
-            w3 = _pre_tile(wp_ptr, ep64, rows_p, klo_p + 3 * BK, khi_p, ok, stride_we, stride_wn, BK)
-            c3 = tl.load(s_p + klo_p // BK + 3, mask=ok & (klo_p + 3 * BK < khi_p), other=0.0)
     wait(PDL)   # gate_up complete (h visible) before the first h load or any store
     if local == 0:  # nothing routed to this rank: nobody draws a ticket, one program per tile writes zeros
         if (j == 0) & (sp == 0):
@@ -355,35 +271,11 @@ def wg_down_kernel(h_ptr, ids_ptr, wt_ptr, w_ptr, s_ptr, b_ptr, y_ptr, out_ptr, 
                                  TMA)
     per = tl.cdiv(tl.cdiv(K, BK), SPLIT) * BK
     k_lo = sp * per
-    if PRE > 0:   # h tiles of the preloaded steps (L2: gate_up just wrote them), the K loop over the rest, then
-        # the preloaded steps' dots (their weights already in registers)
-        h_row = h_ptr + j * stride_h
-        k_hi = tl.minimum(k_lo + per, K)
-        b0 = _pre_b(h_row, k_lo, k_hi, K, BK, BT)
-        if PRE >= 2:
-            b1 = _pre_b(h_row, k_lo + BK, k_hi, K, BK, BT)
-        if PRE >= 3:
-            b2 = _pre_b(h_row, k_lo + 2 * BK, k_hi, K, BK, BT)
-        if PRE >= 4:
-            b3 = _pre_b(h_row, k_lo + 3 * BK, k_hi, K, BK, BT)
-        acc = _row_dot8(w_src, e, tile * BN, h_row, s_row, k_lo + PRE * BK, k_hi, K, hs, BN, BK, BT, KP, X2, EVEN_K,
-                        DOT_F32, HQ, TMA)
-        pre = _acc_dot(tl.zeros((BN, BT), dtype=tl.float32), _held(w0, PDL), _held(b0, PDL), c0, DOT_F32, True)
-        if PRE >= 2:
-            pre = _acc_dot(pre, _held(w1, PDL), _held(b1, PDL), c1, DOT_F32, True)
-        if PRE >= 3:
-            pre = _acc_dot(pre, _held(w2, PDL), _held(b2, PDL), c2, DOT_F32, True)
-        if PRE >= 4:
-            pre = _acc_dot(pre, _held(w3, PDL), _held(b3, PDL), c3, DOT_F32, True)
-        r = tl.arange(0, BT)
-        acc += tl.sum(pre * tl.where(r == 0, hs, tl.where(r == BT // 2, hs / 16.0, 0.0))[None, :], 1)
-        y = (acc + bias) * rw
-    else:
-        acc = _row_dot8(w_src, e, tile * BN, h_ptr + j * stride_h, s_row, k_lo, tl.minimum(k_lo + per, K), K, hs, BN,
-                        BK, BT, KP, X2, EVEN_K, DOT_F32, HQ, TMA)
-        if sp == 0:
-            acc += tl.load(b_ptr + e64 * stride_be + rows_c).to(tl.float32)
-        y = acc * tl.load(wt_ptr + j).to(tl.float32)
+    acc = _row_dot8(w_src, e, tile * BN, h_ptr + j * stride_h, s_row, k_lo, tl.minimum(k_lo + per, K), K, hs, BN,
+                    BK, BT, KP, X2, EVEN_K, DOT_F32, HQ, TMA)
+    if sp == 0:
+        acc += tl.load(b_ptr + e64 * stride_be + rows_c).to(tl.float32)
+    y = acc * tl.load(wt_ptr + j).to(tl.float32)
     tl.store(y_ptr + (sp * P + j) * N + rows, y, mask=n_ok)
     if _ticket(ticket_ptr + tile, rows, DOT_F32) == local * SPLIT - 1:
         _combine_tile(y_ptr, ids_ptr, out_ptr, T, P, N, offset, E, stride_o, rows, n_ok, TOPK, SPLIT, BN)
@@ -447,5 +339,4 @@ def launch_down(run, dot_f32: bool) -> None:
         run.offset, run.E, h.stride(0), w.stride(0), w.stride(1), s.stride(0), s.stride(1), b.stride(0),
         run.out.stride(0), _h_scale(run), TOPK=run.k, PB=run.pb, BN=t.bn_down, BK=128, BT=16, KP=triton.next_power_of_2(run.I), X2=t.wg, SPLIT=run.s2,
         EVEN_K=run.I % 128 == 0, DOT_F32=dot_f32, HQ=t.wg_hq, TMA=_tma(run, w), PDL=run.pdl,
-        num_warps=t.warps_down or t.warps, num_stages=t.stages_down or t.wg_stages, **run._pdl_launch(),
-        **(dict(PRE=t.wg_pre, wp_ptr=w) if t.wg_pre else {}))
+        num_warps=t.warps_down or t.warps, num_stages=t.wg_stages, **run._pdl_launch())
