@@ -13,6 +13,7 @@ the same divisibility hint here, so the loads vectorise and pipeline as they do 
 from __future__ import annotations
 
 import hashlib
+import os
 import pathlib
 import re
 import sys
@@ -30,7 +31,7 @@ NOT_DIV16 = {"T", "n_tiles", "stride_se", "stride_sn", "limit", "alpha", "offset
 TYPES = {"x_ptr": "*bf16", "h_ptr": "*bf16", "ids_ptr": "*i64", "wt_ptr": "*bf16", "w_ptr": "*fp8e4nv",
          "s_ptr": "*fp32", "b_ptr": "*bf16", "y_ptr": "*fp32", "out_ptr": "*bf16",
          "slot_e_ptr": "*i32", "slot_cnt_ptr": "*i32", "slot_pairs_ptr": "*i32", "limit": "fp32", "alpha": "fp32", "hs": "fp32",
-         "ws_ptr": "*fp32", "ticket_ptr": "*i32"}
+         "ws_ptr": "*fp32", "ticket_ptr": "*i32", "trace_ptr": "*i64"}
 
 
 def k_loop(sass: str) -> tuple[int, int, int]:
@@ -117,6 +118,9 @@ def split_configs(labels=None):
                 if kern is S.down_kernel:
                     consts.update(PB=16, SPLIT=t.wg_split_down)
                 wk = WG.wg_gate_up_kernel if kern is S.gate_up_kernel else WG.wg_down_kernel
+                consts.update(TRACE=bool(os.environ.get("WG_TRACE")))   # WG_TRACE=1: the traced build
+                if not consts["TRACE"]:
+                    consts["trace_ptr"] = None
                 yield f"{name} {label} T1 wg", wk, consts, t.warps_down or t.warps, stages, 0
             if t.gemv and (kern is S.gate_up_kernel or t.gemv_down):  # T = 1 on the GEMV kernels (20B, K = 2880)
                 bn = t.bn_gate_up if kern is S.gate_up_kernel else t.bn_down

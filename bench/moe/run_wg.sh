@@ -5,7 +5,8 @@
 # eager); WG_STEPS=...,pick: ``pick_small.py`` turns the winners (> 2 % faster at both E, tests passed) into a
 # DAYZERO_MOE_SMALL_TILES rule and, where it differs from the shipped tiles, runs the registered-op / graph-replay
 # tests, the engine's CUDA-graph tests and the 20B / 120B decode rows (batch 1 and 64) under it.
-# Writes $OUT/moe-wg.log, $OUT/wg-tests.xml, $OUT/moe-small.json (bench_small's), $OUT/bench-decode-*.json. Carry .devmeta.
+# Writes $OUT/moe-wg.log, $OUT/wg-tests.xml, $OUT/moe-small.json (bench_small's), $OUT/bench-decode-*.json
+# (WG_STEPS=...,trace: $OUT/wg-trace.json). Carry .devmeta.
 #   bash bench/moe/run_wg.sh            (WG_STEPS=bench,tests[,pick]; WG_TS=1,2,4,8; WG_T<T>: the variants at T)
 set -u
 cd "$(dirname "$0")/../.."
@@ -23,6 +24,8 @@ step bench 90 env MOE_SMALL_VARIANTS_T1="${WG_T1:-wg_d64_s2_qt}" \
   MOE_SMALL_VARIANTS_T4="${WG_T4:-wg8_d64_qtp}" \
   MOE_SMALL_VARIANTS_T8="${WG_T8:-wgs8_d64_qt}" \
   python3 bench/moe/bench_small.py --out "$OUT" --ts "${WG_TS:-1,2,4,8}"
+# WG_STEPS=trace: bench/moe/wg_trace.py, per-program %globaltimer stamps of the shipped wg tiles at T = 1, 2, 4
+step trace 60 python3 bench/moe/wg_trace.py --out "$OUT"
 step tests 60 python3 -m pytest -q -n 2 -p no:cacheprovider --noconftest -o addopts="" \
   tests/kernels/test_moe_small_wg_gpu.py --junitxml "$OUT/wg-tests.xml"
 # the picks as the default (through the env override), then what a default change must pass, and the engine rows

@@ -140,3 +140,29 @@ def test_wg_rejects_bad_tiles():
         moe_split(x, w, ids, q, LIMIT, dataclasses.replace(_tiles("wg_d64"), bn_gate_up=32))
     with pytest.raises(ValueError, match="limit"):   # wg_hq's fixed h scale needs the SwiGLU clamp
         moe_split(x, w, ids, q, 1e4, _tiles("wg_d64_s2_q"))
+
+
+@pytest.mark.parametrize("T,variant", [(1, "wg_d64_s2_qt"), (2, "wg2_d64_s2_qtp"), (4, "wg8_d64_qtp")])
+def test_wg_trace_stamps_and_same_output(T, variant):
+    # TRACE (diagnostic, bench/moe/wg_trace.py): the traced kernels give the untraced output bit for bit, and every
+    # program of a local pair stamps start <= end on a real SM; down's PDL-wait stamp lies between its own
+    from dayzero.kernels.triton_moe_small_split import MoeSplit
+
+    q, _ = experts("20b")
+    E, H, _ = SHAPES["20b"]
+    x, w, ids = inputs(T, E, H, seed=171 + T)
+    want = MoeSplit(x, w, ids, q, LIMIT, _tiles(variant))().clone()
+    run = MoeSplit(x, w, ids, q, LIMIT, _tiles(variant))
+    run.trace = (torch.zeros((run.P * run.nt1, 4), dtype=torch.int64, device=DEV),
+                 torch.zeros((run.P * run.nt2 * run.s2, 4), dtype=torch.int64, device=DEV))
+    got = run()
+    torch.cuda.synchronize()
+    assert torch.equal(got, want)
+    sms = torch.cuda.get_device_properties(0).multi_processor_count
+    for stage, tr in enumerate(run.trace):
+        tr = tr.cpu()
+        assert (tr[:, 0] > 0).all() and (tr[:, 1] >= tr[:, 0]).all(), stage   # every pair is local here
+        assert ((tr[:, 2] >= 0) & (tr[:, 2] < sms)).all()
+        if stage == 1:
+            assert ((tr[:, 3] >= tr[:, 0]) & (tr[:, 3] <= tr[:, 1])).all()
+    assert run.trace[1][:, 1].min() >= run.trace[0][:, 1].max()   # down ends after every gate_up program

@@ -273,6 +273,7 @@ class MoeSplit:
         if x.dtype != torch.bfloat16:
             raise ValueError(f"the split-K MoE path takes bf16 activations, got {x.dtype}")
         self.tiles = t = tiles or default_tiles(T * ids.shape[1], E)
+        self.trace: tuple | None = None   # (gate_up, down) int64 [programs, 4]: wg kernels' TRACE (diagnostic)
         for bn in (t.bn_gate_up, t.bn_down):
             if bn < 16 or 128 % bn:
                 raise ValueError(f"N tile {bn} must divide 128 and be >= 16")

@@ -200,6 +200,20 @@ def _store_hq(h, q_row, cols, n_ok, I, hs):
 
 
 @triton.jit
+def _stamp(trace_ptr, pid, slot: tl.constexpr, TRACE: tl.constexpr):
+    """``TRACE`` (diagnostic, ``bench/moe/wg_trace.py``): trace [program, 4] int64 slot 0 start ns, 1 end ns,
+    2 SM id, 3 (down) the PDL wait returned; ns from %globaltimer."""
+    if TRACE:
+        if slot == 2:
+            v = tl.inline_asm_elementwise("mov.u32 $0, %smid;", "=r", [], dtype=tl.int32, is_pure=False,
+                                          pack=1).to(tl.int64)
+        else:
+            v = tl.inline_asm_elementwise("mov.u64 $0, %globaltimer;", "=l", [], dtype=tl.int64, is_pure=False,
+                                          pack=1)
+        tl.store(trace_ptr + pid.to(tl.int64) * 4 + slot, v)
+
+
+@triton.jit
 def _local(ids_ptr, j, offset, E):
     """Local expert of pair j, -1 when another rank owns it."""
     e = tl.load(ids_ptr + j).to(tl.int32) - offset
@@ -219,9 +233,12 @@ def wg_gate_up_kernel(x_ptr, ids_ptr, w_ptr, s_ptr, b_ptr, h_ptr, K, N, P, offse
                       stride_wn, stride_se, stride_sn, stride_be, stride_h, limit, alpha, hs,
                       TOPK: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr, BT: tl.constexpr, X2: tl.constexpr,
                       KP: tl.constexpr, EVEN_K: tl.constexpr, DOT_F32: tl.constexpr, HQ: tl.constexpr,
-                      TMA: tl.constexpr = False, PDL: tl.constexpr = False):
+                      TMA: tl.constexpr = False, PDL: tl.constexpr = False, trace_ptr=None,
+                      TRACE: tl.constexpr = False):
     trigger(PDL)   # the down grid (launch_pdl) may start; it waits for this grid before reading h
     pid = tl.program_id(0)
+    _stamp(trace_ptr, pid, 0, TRACE)
+    _stamp(trace_ptr, pid, 2, TRACE)
     j = pid % P
     tile = pid // P
     e = _local(ids_ptr, j, offset, E)
@@ -242,6 +259,7 @@ def wg_gate_up_kernel(x_ptr, ids_ptr, w_ptr, s_ptr, b_ptr, h_ptr, K, N, P, offse
         _store_hq(h, h_ptr + j * stride_h, cols, cols < N // 2, N // 2, hs)
     else:
         tl.store(h_ptr + j * stride_h + cols, h.to(h_ptr.dtype.element_ty), mask=cols < N // 2)
+    _stamp(trace_ptr, pid, 1, TRACE)
 
 
 @triton.jit
@@ -249,8 +267,11 @@ def wg_down_kernel(h_ptr, ids_ptr, wt_ptr, w_ptr, s_ptr, b_ptr, y_ptr, out_ptr, 
                    offset, E, stride_h, stride_we, stride_wn, stride_se, stride_sn, stride_be, stride_o, hs,
                    TOPK: tl.constexpr, PB: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr, BT: tl.constexpr,
                    KP: tl.constexpr, X2: tl.constexpr, SPLIT: tl.constexpr, EVEN_K: tl.constexpr, DOT_F32: tl.constexpr,
-                   HQ: tl.constexpr, TMA: tl.constexpr = False, PDL: tl.constexpr = False):
+                   HQ: tl.constexpr, TMA: tl.constexpr = False, PDL: tl.constexpr = False, trace_ptr=None,
+                   TRACE: tl.constexpr = False):
     pid = tl.program_id(0)
+    _stamp(trace_ptr, pid, 0, TRACE)
+    _stamp(trace_ptr, pid, 2, TRACE)
     sp = pid % SPLIT
     tile = (pid // SPLIT) % n_tiles
     j = pid // (SPLIT * n_tiles)
@@ -258,6 +279,7 @@ def wg_down_kernel(h_ptr, ids_ptr, wt_ptr, w_ptr, s_ptr, b_ptr, y_ptr, out_ptr, 
     n_ok = rows < N
     local = _local_pairs(ids_ptr, P, offset, E, PB)   # (ids: written before gate_up started)
     wait(PDL)   # gate_up complete (h visible) before the first h load or any store
+    _stamp(trace_ptr, pid, 3, TRACE)
     if local == 0:  # nothing routed to this rank: nobody draws a ticket, one program per tile writes zeros
         if (j == 0) & (sp == 0):
             _combine_tile(y_ptr, ids_ptr, out_ptr, T, P, N, offset, E, stride_o, rows, n_ok, TOPK, SPLIT, BN)
@@ -280,6 +302,7 @@ def wg_down_kernel(h_ptr, ids_ptr, wt_ptr, w_ptr, s_ptr, b_ptr, y_ptr, out_ptr, 
     if _ticket(ticket_ptr + tile, rows, DOT_F32) == local * SPLIT - 1:
         _combine_tile(y_ptr, ids_ptr, out_ptr, T, P, N, offset, E, stride_o, rows, n_ok, TOPK, SPLIT, BN)
         tl.atomic_xchg(ticket_ptr + tile, 0, sem="relaxed")
+    _stamp(trace_ptr, pid, 1, TRACE)
 
 
 def check_tiles(t) -> None:
@@ -316,6 +339,13 @@ def _h_scale(run) -> float:
     return (run.limit + 1.0) * run.limit / 448.0
 
 
+def _trace(run, stage: int) -> dict:
+    """The TRACE launch arguments of ``run.trace`` (None, or (gate_up, down) int64 [programs, 4] buffers set by a
+    diagnostic: ``bench/moe/wg_trace.py``)."""
+    bufs = getattr(run, "trace", None)
+    return dict(trace_ptr=bufs[stage], TRACE=True) if bufs is not None else {}
+
+
 def launch_gate_up(run, alpha: float, dot_f32: bool) -> None:
     """gate_up of a ``MoeSplit`` (``run``) on ``wg_gate_up_kernel``: P * ceil(2I / BN) programs."""
     ex, t = run.ex, run.tiles
@@ -326,7 +356,7 @@ def launch_gate_up(run, alpha: float, dot_f32: bool) -> None:
         run.x, run.ids, _weights(w, t.bn_gate_up, _tma(run, w)), s, b, h, run.H, 2 * run.I, run.P, run.offset, run.E, run.x.stride(0), w.stride(0),
         w.stride(1), s.stride(0), s.stride(1), b.stride(0), h.stride(0), run.limit, alpha, _h_scale(run),
         TOPK=run.k, BN=t.bn_gate_up, BK=128, BT=16, KP=triton.next_power_of_2(run.H), X2=t.wg, EVEN_K=run.H % 128 == 0, DOT_F32=dot_f32,
-        HQ=t.wg_hq, TMA=_tma(run, w), PDL=run.pdl, num_warps=t.warps, num_stages=t.wg_stages)
+        HQ=t.wg_hq, TMA=_tma(run, w), PDL=run.pdl, num_warps=t.warps, num_stages=t.wg_stages, **_trace(run, 0))
 
 
 def launch_down(run, dot_f32: bool) -> None:
@@ -339,4 +369,4 @@ def launch_down(run, dot_f32: bool) -> None:
         run.offset, run.E, h.stride(0), w.stride(0), w.stride(1), s.stride(0), s.stride(1), b.stride(0),
         run.out.stride(0), _h_scale(run), TOPK=run.k, PB=run.pb, BN=t.bn_down, BK=128, BT=16, KP=triton.next_power_of_2(run.I), X2=t.wg, SPLIT=run.s2,
         EVEN_K=run.I % 128 == 0, DOT_F32=dot_f32, HQ=t.wg_hq, TMA=_tma(run, w), PDL=run.pdl,
-        num_warps=t.warps_down or t.warps, num_stages=t.wg_stages, **run._pdl_launch())
+        num_warps=t.warps_down or t.warps, num_stages=t.wg_stages, **run._pdl_launch(), **_trace(run, 1))
