@@ -321,3 +321,43 @@ def test_registered_in_registry():
 
     assert REGISTRY.impls["triton"]["attention"] is triton_attention.attention
     assert REGISTRY.impls["triton"]["store_kv"] is triton_attention.store_kv
+
+
+@pytest.mark.parametrize("preset", ["kernel_strided_n64_hm", "kernel_strided_n64_hm_ekv2t"])
+def test_decode_behind_triggering_rope(preset, monkeypatch):
+    """DAYZERO_ROPE_TRIGGER=1 (session 9 candidate): rope lets the PDL decode grid launch at once; the split kernel
+    still reads rope's q and new k only after its wait (EARLY_KV: only the cached K/V before it). Eagerly and
+    replayed from a CUDA graph with fresh q / k in place each time, the outputs equal the plain path's bits."""
+    from dayzero.kernels.triton_attention import attention
+    from dayzero.kernels.triton_attention_decode import DECODE_PRESETS
+    from dayzero.kernels.triton_norm_rope import rope
+
+    cached = [5000, 40000, 17, 1, 129, 3000, 800, 0]
+    case = make_case([1] * len(cached), cached, sinks="mixed", seed=91)
+    D = case.q.shape[2]
+    pos = case.cached_lens.to(torch.int64)
+    inv = 1e4 ** (-torch.arange(0, D // 2, device="cuda", dtype=torch.float32) / (D // 2))
+    ang = torch.outer(torch.arange(max(cached) + 1, device="cuda", dtype=torch.float32), inv)
+    cos, sin = ang.cos(), ang.sin()
+    rest = list(case.args())[2:]
+
+    def step(trigger: bool, out: torch.Tensor) -> torch.Tensor:
+        monkeypatch.setenv("DAYZERO_ROPE_TRIGGER", "1" if trigger else "0")
+        q, k = rope(case.q, case.k, cos, sin, pos)
+        return attention(q, k, *rest, max_seqlen_q=1, num_splits=16, out=out,
+                         config=dict(DECODE_PRESETS[preset], PDL=trigger))
+
+    out = torch.full_like(case.q, float("nan"))
+    step(True, out)   # compile outside capture
+    torch.cuda.synchronize()
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        step(True, out)
+    for rep in range(6):
+        case.q.copy_(torch.randn_like(case.q))
+        case.k.copy_(torch.randn_like(case.k))
+        want = step(False, torch.full_like(case.q, float("nan"))).clone()
+        out.fill_(float("nan"))
+        graph.replay() if rep % 2 else step(True, out)
+        torch.cuda.synchronize()
+        assert torch.equal(out, want), f"rep {rep}"

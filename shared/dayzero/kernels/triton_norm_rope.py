@@ -15,11 +15,28 @@ No host syncs and no data-dependent shapes: both can be captured in a CUDA graph
 
 from __future__ import annotations
 
+import os
+
 import torch
 import triton
 import triton.language as tl
+from triton.language.extra.cuda import gdc_launch_dependents
 
 from .registry import register
+from .triton_moe_gemm import interpreting
+
+# ``rope`` lets the next grid launched with programmatic dependent launch (the split-KV decode attention) start
+# at once instead of when rope ends (``DAYZERO_ROPE_TRIGGER=1``; off by default, session 9 candidate, never run on
+# a GPU): every PDL kernel after rope waits for it before reading q / k; the decode presets with ``EARLY_KV`` then
+# stream their first K/V tiles while rope runs
+ROPE_TRIGGER_ENV = "DAYZERO_ROPE_TRIGGER"
+
+
+def rope_trigger() -> bool:
+    env = os.environ.get(ROPE_TRIGGER_ENV, "0")
+    if env not in ("0", "1"):
+        raise ValueError(f"{ROPE_TRIGGER_ENV}={env!r}: choose 0 (off) or 1 (on)")
+    return env == "1" and not interpreting()
 
 
 @triton.jit
@@ -119,7 +136,10 @@ def _rotate(src_ptr, dst_ptr, t, stride_t, stride_h, nh, c, s,
 @triton.jit
 def _rope_kernel(q_ptr, k_ptr, qo_ptr, ko_ptr, cos_ptr, sin_ptr, pos_ptr,
                  stride_qt, stride_qh, stride_kt, stride_kh, stride_cp, HQ, HKV,
-                 HALF: tl.constexpr, HALF_P2: tl.constexpr, HQ_P2: tl.constexpr, HKV_P2: tl.constexpr):
+                 HALF: tl.constexpr, HALF_P2: tl.constexpr, HQ_P2: tl.constexpr, HKV_P2: tl.constexpr,
+                 TRIGGER: tl.constexpr = False):
+    if TRIGGER:   # the dependent PDL grid may launch now (it waits for this grid before reading q / k)
+        gdc_launch_dependents()
     t = tl.program_id(0).to(tl.int64)
     p = tl.load(pos_ptr + t).to(tl.int64)
     dd = tl.arange(0, HALF_P2)[None, :]
@@ -158,5 +178,5 @@ def rope(q: torch.Tensor, k: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor,
     _rope_kernel[(T,)](q, k, qo, ko, cos, sin, positions,
                        q.stride(0), q.stride(1), k.stride(0), k.stride(1), cos.stride(0), Hq, Hkv,
                        HALF=half, HALF_P2=triton.next_power_of_2(half), HQ_P2=triton.next_power_of_2(Hq),
-                       HKV_P2=triton.next_power_of_2(Hkv), num_warps=4)
+                       HKV_P2=triton.next_power_of_2(Hkv), TRIGGER=rope_trigger(), num_warps=4)
     return qo, ko
