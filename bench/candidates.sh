@@ -18,7 +18,7 @@ cd "$(dirname "$0")/.."
 export PYTHONPATH="shared${PYTHONPATH:+:$PYTHONPATH}"
 OUT="${OUT:-out}"
 mkdir -p "$OUT"
-area="${1:?usage: bench/candidates.sh attention|moe|peers|fi|s9a}"
+area="${1:?usage: bench/candidates.sh attention|moe|peers|fi|s9a|s9b}"
 rc=0
 part() {  # part NAME DEADLINE_S CMD...
   local name=$1 cap=$2; shift 2
@@ -66,6 +66,20 @@ case "$area" in
       PLAN=1:8192,8:1024,1:32768,1:131072,8:8192 DEADLINE_S=165 TEST_CAP_S=75 BENCH_CAP_S=85 bash bench/attention/run_s6b.sh
     part window-ring 190 env GLUON_WINDOW_TEST_S=45 GLUON_WINDOW_CONFIGS=pk3s,pk3sr,pk3sr6 \
       GLUON_WINDOW_REG_CFGS=pk3s,pk3sr,pk3sr6 GLUON_WINDOW_DIAG=pkLr bash bench/attention/gluon_window_run.sh ;;
+  s9b)
+    # session 9, CPU only (NOTES "Session 9, lead (CPU only ...)"): the decode-MoE wg per-program trace, then the
+    # rope early trigger under the shipped and the EARLY_KV decode presets (tests, engine decode rows at 8k context)
+    part moe-trace 150 env WG_STEPS=trace,tests bash bench/moe/run_wg.sh
+    part rope-trigger 260 bash -c 'set -u; r=0
+      python3 -m pytest -q -n 3 -p no:cacheprovider --noconftest -o addopts="" tests/kernels/test_attention_gpu.py \
+        -k "triggering or ekv or pdl" || r=1
+      for e in 0 1; do DAYZERO_ROPE_TRIGGER=$e DAYZERO_DECODE_ATTENTION=kernel_strided_n64_hm_ekv2t python3 -m pytest \
+        -q -p no:cacheprovider --noconftest -o addopts="" tests/kernels/test_cuda_graph_gpu.py || r=1; done
+      for a in "DAYZERO_ROPE_TRIGGER=0" "DAYZERO_ROPE_TRIGGER=1" \
+               "DAYZERO_ROPE_TRIGGER=1 DAYZERO_DECODE_ATTENTION=kernel_strided_n64_hm_ekv2t"; do
+        echo "== $a"; env $a python3 -m dayzero bench decode --model 20b --batch 1,8 --context 8192 --steps 16 \
+          2>&1 | grep -E "^decode" || r=1
+      done; exit $r' ;;
   fi)
     source bench/peers_install.sh >> "$OUT/candidates.log" 2>&1
     part fi-build "${FI_BUILD_S:-300}" python3 bench/attention/flashinfer_compare.py --out "$OUT/fi-build" --build-only \
@@ -80,7 +94,7 @@ case "$area" in
     # HF transformers at its fastest beside the engine on the same 20B weights (logits at 2048 tokens: cosine and
     # top-1; prefill 8192; decode batch 1 / 64; per-op breakdown), on this commit's defaults
     part peers-hf 240 env PEERS_FI=0 PEERS_HF_S=230 bash bench/peers_run.sh ;;
-  *) echo "unknown area $area (attention|moe|peers|fi|s9a)"; exit 2 ;;
+  *) echo "unknown area $area (attention|moe|peers|fi|s9a|s9b)"; exit 2 ;;
 esac
 sed -i -E "s#$(pwd)/#<repo>/#g; s#/(root|tmp)/[^ :]*#<path>#g" "$OUT/candidates.log"
 echo "candidates $area: rc=$rc" | tee -a "$OUT/candidates.log"
