@@ -342,8 +342,7 @@ def _h_scale(run) -> float:
 def _trace(run, stage: int) -> dict:
     """The TRACE launch arguments of ``run.trace`` (None, or (gate_up, down) int64 [programs, 4] buffers set by a
     diagnostic: ``bench/moe/wg_trace.py``)."""
-    bufs = getattr(run, "trace", None)
-    return dict(trace_ptr=bufs[stage], TRACE=True) if bufs is not None else {}
+    return dict(trace_ptr=run.trace[stage], TRACE=True) if run.trace is not None else {}
 
 
 def launch_gate_up(run, alpha: float, dot_f32: bool) -> None:
