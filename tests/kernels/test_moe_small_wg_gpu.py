@@ -88,7 +88,7 @@ def test_wg_hq_h_near_its_bound(variant):
 
 
 @pytest.mark.parametrize("variant", ["wg_d64", "wg128_d128_s4", "wg_d64_s2_q", "wg128_d128_s4_qt", "wg_d64_s2_qtp",
-                                     "wgs8_d64_qtp"])
+                                     "wgs8_d64_qtp", "wgf_d64_s2_qt"])
 @pytest.mark.parametrize("local_routes", [0, 2])
 def test_wg_expert_parallel_slice(local_routes, variant):
     # this rank owns experts 8..15: routes elsewhere are skipped (the down tickets count local pairs x splits);
@@ -125,7 +125,8 @@ def test_wg_two_tokens_per_pair(repeated, variant):
 @pytest.mark.parametrize("T,variant", [(1, "wg_d64_s2"), (1, "wg128_d128_s4"), (2, "wg2_d64_s2"),
                                        (1, "wg128_d128_s4_q"), (2, "wg2_d64_s2_q"), (1, "wg_d64_s2_qt"),
                                        (1, "wg_d64_s2_qtp"), (2, "wg2_d64_s2_p"), (4, "wg4_d64_s2_qtp"),
-                                       (8, "wg8_d64_qtp"), (8, "wgs8_d64_qtp"), (4, "wgs8_d64_s2_qtp")])
+                                       (8, "wg8_d64_qtp"), (8, "wgs8_d64_qtp"), (4, "wgs8_d64_s2_qtp"),
+                                       (1, "wgf_d64_s2_qt"), (2, "wgf2_d64_s2_qt"), (4, "wgf8_d64_qt")])
 def test_wg_deterministic_and_graph_replay_equals_eager(T, variant):
     check_graph_replay(T, _tiles(variant), seed=81, wg=True)
 
@@ -166,3 +167,46 @@ def test_wg_trace_stamps_and_same_output(T, variant):
         if stage == 1:
             assert ((tr[:, 3] >= tr[:, 0]) & (tr[:, 3] <= tr[:, 1])).all()
     assert run.trace[1][:, 1].min() >= run.trace[0][:, 1].max()   # down ends after every gate_up program
+
+
+_FUSED_TWINS = [(1, "wgf_d64_s2_qt", "wg_d64_s2_qt"), (2, "wgf2_d64_s2_qt", "wg2_d64_s2_qtp"),
+                (4, "wgf8_d64_qt", "wg8_d64_qtp"), (8, "wgf8_d64_qt", "wg8_d64_qtp")]
+
+
+@pytest.mark.parametrize("grid", [0, 3])
+@pytest.mark.parametrize("T,fused,twin", _FUSED_TWINS)
+@pytest.mark.parametrize("name", ["20b", "120b"])
+def test_wg_fused_equals_two_launches(name, T, fused, twin, grid, monkeypatch):
+    # one cooperative launch (triton_moe_small_wgf) runs the two-launch tiles' item code: the same bits, on three
+    # calls in a row (its per-(pair, split) counters back at 0 after each); grid = 3: three programs take every
+    # item (most down items wait on gate_up items of other programs), else as many as fit on the GPU
+    from dayzero.kernels import triton_moe_small_wgf as wgf
+    from dayzero.kernels.triton_moe_small_split import MoeSplit
+
+    q, _ = experts(name)
+    E, H, _ = SHAPES[name]
+    for k in [k for k in q.derived if k.startswith("wgf_grid")]:   # the grid is cached with the weights
+        del q.derived[k]
+    if grid:
+        monkeypatch.setattr(wgf, "coresident", lambda kernel, device: grid)
+    try:
+        for call in range(3):
+            x, w, ids = inputs(T, E, H, seed=300 + 10 * T + call, repeated=call == 1)
+            want = MoeSplit(x, w, ids, q, LIMIT, _tiles(twin))().clone()
+            poison()
+            got = MoeSplit(x, w, ids, q, LIMIT, _tiles(fused))()
+            assert torch.equal(got, want), (call, rel(got, want))
+            assert _tickets_zero(q), call
+    finally:
+        for k in [k for k in q.derived if k.startswith("wgf_grid")]:
+            del q.derived[k]
+
+
+def test_wg_fused_rejects_pdl_tiles():
+    from dayzero.kernels.triton_moe_small_split import moe_split
+
+    q, _ = experts("20b")
+    E, H, _ = SHAPES["20b"]
+    x, w, ids = inputs(1, E, H, seed=5)
+    with pytest.raises(ValueError, match="wg_fused"):
+        moe_split(x, w, ids, q, LIMIT, dataclasses.replace(_tiles("wgf_d64_s2_qt"), pdl=True))

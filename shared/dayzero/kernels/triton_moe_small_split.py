@@ -26,6 +26,7 @@ from .triton_moe_small_split_kernels import combine_kernel, down_kernel, gate_up
 from .triton_moe_small_wg import WG_VARIANTS
 from .triton_moe_small_wg import launch_down as wg_down
 from .triton_moe_small_wg import launch_gate_up as wg_gate_up
+from .triton_moe_small_wgf import launch as wgf_launch
 from .triton_moe_small_wgs import launch_down as wgs_down
 from .triton_moe_small_wgs import launch_gate_up as wgs_gate_up
 from .types import ExpertWeights
@@ -100,6 +101,9 @@ class SplitTiles:
     # wg kernels with one program per expert slot carrying all its tokens (<= 8) as B columns
     # (``triton_moe_small_wgs``: each weight tile read once per call; needs wg = 2 and wg_hq)
     wg_slots: bool = False
+    # both stages in one cooperative launch (``triton_moe_small_wgf``: gate_up items, then down items that wait on
+    # per-(pair, K split) counters; needs wg_hq, no wg_slots / pdl)
+    wg_fused: bool = False
 
 
 # Candidate launch configurations (the GPU tests check each; the bench times each at every T).
@@ -303,8 +307,10 @@ class MoeSplit:
         self.s2 = max(1, t.wg_split_down) if self.wg else 1 if self.gemv_down else \
             choose_split(t.split_down, touched, self.nt2, I, t)
         n1 = self.slots * self.nt1
-        tickets = _tickets(experts, n1 + self.nt2, dev)
-        self.tickets1, self.tickets2 = tickets[:n1], tickets[n1:]
+        n_deps = self.P * self.s2 if self.wg and t.wg_fused else 0   # wgf: gate_up items counted per (pair, split)
+        tickets = _tickets(experts, n1 + self.nt2 + n_deps, dev)
+        self.tickets1, self.tickets2 = tickets[:n1], tickets[n1:n1 + self.nt2]
+        self.deps = tickets[n1 + self.nt2:]
         self.ws = torch.empty((self.s1, self.P, 2 * I) if self.s1 > 1 else (1,), dtype=torch.float32, device=dev)
         self.h = torch.empty((self.P, I), dtype=torch.float16 if t.h16 else torch.bfloat16, device=dev)  # per pair
         self.y = torch.empty((self.s2, self.P, H), dtype=torch.float32, device=dev)       # per split, pair
@@ -332,6 +338,8 @@ class MoeSplit:
     def gate_up(self) -> None:
         ex, t = self.ex, self.tiles
         w, s, b = ex.gate_up, ex.gate_up_scale, ex.gate_up_bias
+        if self.wg and t.wg_fused:
+            return wgf_launch(self, SWIGLU_ALPHA, interpreting())   # down and combine too
         if self.wg:
             return (wgs_gate_up if t.wg_slots else wg_gate_up)(self, SWIGLU_ALPHA, interpreting())
         if self.gemv:
@@ -351,6 +359,8 @@ class MoeSplit:
     def down(self) -> None:
         ex, t = self.ex, self.tiles
         w, s, b = ex.down, ex.down_scale, ex.down_bias
+        if self.wg and t.wg_fused:
+            return   # ran in gate_up's launch
         if self.wg:
             return (wgs_down if t.wg_slots else wg_down)(self, interpreting())
         if self.gemv_down:

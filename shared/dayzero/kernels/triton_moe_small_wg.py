@@ -77,6 +77,12 @@ WG_VARIANTS = {
     "wgs8_d64_s2_qtp": dict(bn_gate_up=64, bn_down=64, wg_split_down=2, gemv_max_t=8, wg_hq=True, wg_tma=True,
                             pdl=True, wg_slots=True, **_WG),
     "wgs8_d64_qt": dict(bn_gate_up=64, bn_down=64, gemv_max_t=8, wg_hq=True, wg_tma=True, wg_slots=True, **_WG),
+    # session 10, CPU only: wgf = gate_up and down in one cooperative launch (``triton_moe_small_wgf``): the
+    # shipped T = 1 / T = 2 / T = 3-4 tiles without the kernel boundary
+    "wgf_d64_s2_qt": dict(bn_gate_up=64, bn_down=64, wg_split_down=2, wg_hq=True, wg_tma=True, wg_fused=True, **_WG),
+    "wgf2_d64_s2_qt": dict(bn_gate_up=64, bn_down=64, wg_split_down=2, gemv_max_t=2, wg_hq=True, wg_tma=True,
+                           wg_fused=True, **_WG),
+    "wgf8_d64_qt": dict(bn_gate_up=64, bn_down=64, gemv_max_t=8, wg_hq=True, wg_tma=True, wg_fused=True, **_WG),
 }
 
 
