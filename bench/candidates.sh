@@ -18,7 +18,7 @@ cd "$(dirname "$0")/.."
 export PYTHONPATH="shared${PYTHONPATH:+:$PYTHONPATH}"
 OUT="${OUT:-out}"
 mkdir -p "$OUT"
-area="${1:?usage: bench/candidates.sh attention|moe|peers|fi|s9a|s9b}"
+area="${1:?usage: bench/candidates.sh attention|moe|peers|fi|s9a|s9b|s10a}"
 rc=0
 part() {  # part NAME DEADLINE_S CMD...
   local name=$1 cap=$2; shift 2
@@ -80,6 +80,18 @@ case "$area" in
         echo "== $a"; env $a python3 -m dayzero bench decode --model 20b --batch 1,8 --context 8192 --steps 16 \
           2>&1 | grep -E "^decode" || r=1
       done; exit $r' ;;
+  s10a)
+    # session 10: gate_up + down in one cooperative launch (wgf, NOTES "Session 10, lead: gate_up and down in one
+    # cooperative launch") beside the shipped tiles at T = 1, 2, 4, 8, tests, pick; then the rope early trigger
+    # re-measured interleaved (off / on / off / on, 32 steps each)
+    part moe-wgf 330 env WG_STEPS=bench,tests,pick WG_BENCH_S=110 WG_TEST_S=100 WG_T1=wg_d64_s2_qt,wgf_d64_s2_qt \
+      WG_T2=wg2_d64_s2_qtp,wgf2_d64_s2_qt WG_T4=wg8_d64_qtp,wgf8_d64_qt WG_T8=wgs8_d64_qt,wgf8_d64_qt \
+      bash bench/moe/run_wg.sh
+    part rope-ab 150 bash -c 'set -u; r=0
+      for rep in 1 2; do for e in 0 1; do echo "== DAYZERO_ROPE_TRIGGER=$e (rep $rep)"
+        DAYZERO_ROPE_TRIGGER=$e python3 -m dayzero bench decode --model 20b --batch 1,8 --context 8192 --steps 32 \
+          2>&1 | grep -E "^decode" || r=1
+      done; done; exit $r' ;;
   fi)
     source bench/peers_install.sh >> "$OUT/candidates.log" 2>&1
     part fi-build "${FI_BUILD_S:-300}" python3 bench/attention/flashinfer_compare.py --out "$OUT/fi-build" --build-only \
@@ -94,7 +106,7 @@ case "$area" in
     # HF transformers at its fastest beside the engine on the same 20B weights (logits at 2048 tokens: cosine and
     # top-1; prefill 8192; decode batch 1 / 64; per-op breakdown), on this commit's defaults
     part peers-hf 240 env PEERS_FI=0 PEERS_HF_S=230 bash bench/peers_run.sh ;;
-  *) echo "unknown area $area (attention|moe|peers|fi|s9a|s9b)"; exit 2 ;;
+  *) echo "unknown area $area (attention|moe|peers|fi|s9a|s9b|s10a)"; exit 2 ;;
 esac
 sed -i -E "s#$(pwd)/#<repo>/#g; s#/(root|tmp)/[^ :]*#<path>#g" "$OUT/candidates.log"
 echo "candidates $area: rc=$rc" | tee -a "$OUT/candidates.log"

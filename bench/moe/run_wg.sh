@@ -19,14 +19,14 @@ steps=",${WG_STEPS:-bench,tests},"
 # "Session 9, helper") were measured in session 9's third call; then the ring depth / PDL-off / g128 lists (NOTES "Session 9,
 # lead: ring depth", measured); then gate_up over 2 K ranges (measured slower, removed: source in commit 08a488b); now the
 # shipped tiles alone (WG_T<T> names candidates); the earlier lists are in this file's git history)
-step bench 90 env MOE_SMALL_VARIANTS_T1="${WG_T1:-wg_d64_s2_qt}" \
+step bench "${WG_BENCH_S:-90}" env MOE_SMALL_VARIANTS_T1="${WG_T1:-wg_d64_s2_qt}" \
   MOE_SMALL_VARIANTS_T2="${WG_T2:-wg2_d64_s2_qtp}" \
   MOE_SMALL_VARIANTS_T4="${WG_T4:-wg8_d64_qtp}" \
   MOE_SMALL_VARIANTS_T8="${WG_T8:-wgs8_d64_qt}" \
   python3 bench/moe/bench_small.py --out "$OUT" --ts "${WG_TS:-1,2,4,8}"
 # WG_STEPS=trace: bench/moe/wg_trace.py, per-program %globaltimer stamps of the shipped wg tiles at T = 1, 2, 4
 step trace 60 python3 bench/moe/wg_trace.py --out "$OUT"
-step tests 60 python3 -m pytest -q -n 2 -p no:cacheprovider --noconftest -o addopts="" \
+step tests "${WG_TEST_S:-60}" python3 -m pytest -q -n 2 -p no:cacheprovider --noconftest -o addopts="" \
   tests/kernels/test_moe_small_wg_gpu.py --junitxml "$OUT/wg-tests.xml"
 # the picks as the default (through the env override), then what a default change must pass, and the engine rows
 step pick 150 sh -c 'rule=$(python3 bench/moe/pick_small.py "$1/moe-small.json" "$1/wg-tests.xml") || exit 1
