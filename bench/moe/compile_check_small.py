@@ -73,7 +73,7 @@ def check(kernel, consts: dict, warps: int = 4, stages: int = 4, maxnreg: int = 
     if consts.get("TMA"):  # wg tiles with wg_tma: the weights as a TMA descriptor of [E, N, K]
         types = dict(types, w_ptr=f"tensordesc<fp8e4nv[1, {consts['BN']}, 128]>")
     if kernel is WGF.wgf_kernel:   # both stages' weights (TMA descriptors), scales, biases; the dep counters
-        types = dict(types, h_ptr="*fp8e4nv", dep_ptr="*i32", s1_ptr="*fp32", s2_ptr="*fp32", b1_ptr="*bf16",
+        types = dict(types, h_ptr="*fp8e4nv", dep_ptr="*i32", w2_raw="*fp8e4nv", trace_gu="*i64", trace_dn="*i64", s1_ptr="*fp32", s2_ptr="*fp32", b1_ptr="*bf16",
                      b2_ptr="*bf16", w1_ptr=f"tensordesc<fp8e4nv[1, {consts['BN1']}, 128]>",
                      w2_ptr=f"tensordesc<fp8e4nv[1, {consts['BN2']}, 128]>")
     sig = {n: ("constexpr" if n in consts else types.get(n, "i32")) for n in kernel.arg_names}
@@ -120,7 +120,10 @@ def split_configs(labels=None):
                 if kern is S.gate_up_kernel:
                     consts = dict(TOPK=4, PB=16, BN1=t.bn_gate_up, BN2=t.bn_down, BK=128, BT=16, X2=t.wg, KP1=4096,
                                   KP2=4096, SPLIT=t.wg_split_down, EVEN_K1=False, EVEN_K2=False, DOT_F32=False,
-                                  TMA1=t.wg_tma, TMA2=t.wg_tma)
+                                  TMA1=t.wg_tma, TMA2=t.wg_tma, PF=t.wg_prefetch,
+                                  PF_EARLY=t.wg_prefetch_early, TRACE=bool(os.environ.get("WG_TRACE")))
+                    if not consts["TRACE"]:
+                        consts.update(trace_gu=None, trace_dn=None)
                     yield f"fused {label} T1 wgf", WGF.wgf_kernel, consts, t.warps, t.wg_stages, 0
                 continue
             if t.wg:   # T = 1 on the FP8 tensor-core kernels (triton_moe_small_wg), 20B: K = 2880

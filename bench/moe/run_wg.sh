@@ -25,7 +25,8 @@ step bench "${WG_BENCH_S:-90}" env MOE_SMALL_VARIANTS_T1="${WG_T1:-wg_d64_s2_qt}
   MOE_SMALL_VARIANTS_T8="${WG_T8:-wgs8_d64_qt}" \
   python3 bench/moe/bench_small.py --out "$OUT" --ts "${WG_TS:-1,2,4,8}"
 # WG_STEPS=trace: bench/moe/wg_trace.py, per-program %globaltimer stamps of the shipped wg tiles at T = 1, 2, 4
-step trace 60 python3 bench/moe/wg_trace.py --out "$OUT"
+step trace "${WG_TRACE_S:-60}" python3 bench/moe/wg_trace.py --out "$OUT" --ts "${WG_TRACE_TS:-1,2,4}" \
+  --tiles "${WG_TRACE_TILES:-}"
 step tests "${WG_TEST_S:-60}" python3 -m pytest -q -n 2 -p no:cacheprovider --noconftest -o addopts="" \
   tests/kernels/test_moe_small_wg_gpu.py --junitxml "$OUT/wg-tests.xml"
 # the picks as the default (through the env override), then what a default change must pass, and the engine rows

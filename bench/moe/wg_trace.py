@@ -49,15 +49,17 @@ def kernel_stats(tr: torch.Tensor) -> dict:
                 dur_p10=pct(dur, 0.1), dur_p50=pct(dur, 0.5), dur_p90=pct(dur, 0.9), dur_max=max(dur),
                 start_p90_us=pct(starts, 0.9), start_max_us=max(starts), tail_us=max(ends) - pct(ends, 0.9),
                 sms=len(per_sm), per_sm_max=max(per_sm.values()), per_sm_min=min(per_sm.values()),
-                wait_min=min((r[3] for r in rows if r[3] > 0), default=0))
+                wait_min=min((r[3] for r in rows if r[3] > 0), default=0),
+                wait_p50_us=pct([(r[3] - r[0]) / 1e3 for r in rows if r[3] > 0] or [0.0], 0.5))
 
 
-def one_case(res: Results, name: str, T: int) -> None:
-    """One model and token count on its shipped tiles: untraced, then traced, graph times and the stamps."""
+def one_case(res: Results, name: str, T: int, tile_name: str = "") -> None:
+    """One model and token count on its shipped tiles (or ``tile_name``'s: the fused wgf tiles stamp per item, with
+    the down items' wait in slot 3): untraced, then traced, graph times and the stamps."""
     E = EXPERTS[name]
     ex = random_experts(E, H, I, seed=3)
     g = torch.Generator(device="cuda").manual_seed(11)
-    tiles = default_tiles(T * 4, E)
+    tiles = VARIANTS[tile_name] if tile_name else default_tiles(T * 4, E)
     calls = []
     for w, ids in routings(T, E, seed=7):
         x = torch.randn(T, H, device="cuda", generator=g).bfloat16()
@@ -80,7 +82,8 @@ def one_case(res: Results, name: str, T: int) -> None:
                          gap_wait_us=((dn["wait_min"] - gu["t_end"]) / 1e3) if dn["wait_min"] else None))
     med = {k: statistics.median(r[k] for r in rows) for k in ("total_us", "gap_start_us")}
     for stage in ("gate_up", "down"):
-        for k in ("span_us", "dur_p10", "dur_p50", "dur_p90", "dur_max", "start_p90_us", "tail_us", "per_sm_max"):
+        for k in ("span_us", "dur_p10", "dur_p50", "dur_p90", "dur_max", "start_p90_us", "tail_us", "per_sm_max",
+                  "wait_p50_us"):
             med[f"{stage}_{k}"] = statistics.median(r[stage][k] for r in rows)
     tile = next(n for n, v in VARIANTS.items() if v is tiles)
     res.add(section="wg_trace", model=name, E=E, T=T, tiles=tile, plain_us=plain_us, traced_us=traced_us,
@@ -91,7 +94,8 @@ def one_case(res: Results, name: str, T: int) -> None:
           f"p90 {med['gate_up_start_p90_us']:.1f}, tail {med['gate_up_tail_us']:.1f}, <= {med['gate_up_per_sm_max']:.0f}"
           f" per SM) | down start {med['gap_start_us']:+.1f} after gate_up's end, span {med['down_span_us']:.1f} "
           f"(p50 {med['down_dur_p50']:.1f} / p90 {med['down_dur_p90']:.1f} / max {med['down_dur_max']:.1f}, tail "
-          f"{med['down_tail_us']:.1f}, <= {med['down_per_sm_max']:.0f} per SM)", flush=True)
+          f"{med['down_tail_us']:.1f}, <= {med['down_per_sm_max']:.0f} per SM, wait p50 {med['down_wait_p50_us']:.1f} "
+          f"after start)", flush=True)
 
 
 def main() -> int:
@@ -99,8 +103,14 @@ def main() -> int:
     ap.add_argument("--out", required=True)
     ap.add_argument("--models", default="20b,120b")
     ap.add_argument("--ts", default="1,2,4")
+    ap.add_argument("--tiles", default="", help="VARIANTS names traced at each T too (e.g. the wgf tiles)")
     a = ap.parse_args()
     res = Results("wg-trace")
+    for name in a.models.split(","):
+        for T in (int(t) for t in a.ts.split(",")):
+            for tile in filter(None, a.tiles.split(",")):
+                if VARIANTS[tile].gemv_max_t >= T:
+                    res.section(f"wg_trace {name} T={T} {tile}", one_case, name, T, tile)
     for name in a.models.split(","):
         for T in (int(t) for t in a.ts.split(",")):
             if not default_tiles(T * 4, EXPERTS[name]).wg or default_tiles(T * 4, EXPERTS[name]).wg_slots:

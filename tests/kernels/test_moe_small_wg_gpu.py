@@ -169,6 +169,32 @@ def test_wg_trace_stamps_and_same_output(T, variant):
     assert run.trace[1][:, 1].min() >= run.trace[0][:, 1].max()   # down ends after every gate_up program
 
 
+@pytest.mark.parametrize("T,variant", [(1, "wgf_d64_s2_qt"), (1, "wgf_d64_s2_qt_pf4"), (2, "wgf2_d64_s2_qt")])
+def test_wg_fused_trace_waits_for_its_h_range(T, variant):
+    # the fused tiles' TRACE stamps per item: same output bits; every down item's wait returns after the end of
+    # every gate_up item of its pair and h range (its K split); the timer ticks in 32 ns steps: one step of slack
+    from dayzero.kernels.triton_moe_small_split import MoeSplit
+
+    q, _ = experts("20b")
+    E, H, _ = SHAPES["20b"]
+    x, w, ids = inputs(T, E, H, seed=181 + T)
+    want = MoeSplit(x, w, ids, q, LIMIT, _tiles(variant))().clone()
+    run = MoeSplit(x, w, ids, q, LIMIT, _tiles(variant))
+    run.trace = (torch.zeros((run.P * run.nt1, 4), dtype=torch.int64, device=DEV),
+                 torch.zeros((run.P * run.nt2 * run.s2, 4), dtype=torch.int64, device=DEV))
+    got = run()
+    torch.cuda.synchronize()
+    assert torch.equal(got, want)
+    gu, dn = run.trace[0].cpu(), run.trace[1].cpu()
+    assert (gu[:, 1] >= gu[:, 0]).all() and (dn[:, 3] >= dn[:, 0]).all() and (dn[:, 1] >= dn[:, 3]).all()
+    per = -(-(-(-run.I // 128)) // run.s2) * 128     # h columns of a down K split
+    hb = run.tiles.bn_gate_up // 2
+    for d in range(dn.shape[0]):
+        sp, j = d % run.s2, d // (run.s2 * run.nt2)
+        mine = [i for i in range(gu.shape[0]) if i % run.P == j and ((i // run.P) * hb) // per == sp]
+        assert mine and int(dn[d, 3]) + 32 >= int(gu[mine, 1].max()), (d, sp, j)
+
+
 _FUSED_TWINS = [(1, "wgf_d64_s2_qt", "wg_d64_s2_qt"), (2, "wgf2_d64_s2_qt", "wg2_d64_s2_qtp"),
                 (4, "wgf8_d64_qt", "wg8_d64_qtp"), (8, "wgf8_d64_qt", "wg8_d64_qtp")]
 

@@ -104,6 +104,8 @@ class SplitTiles:
     # both stages in one cooperative launch (``triton_moe_small_wgf``: gate_up items, then down items that wait on
     # per-(pair, K split) counters; needs wg_hq, no wg_slots / pdl)
     wg_fused: bool = False
+    wg_prefetch: int = 0         # wg_fused: a down item first prefetches its first this many weight K blocks into L2
+    wg_prefetch_early: bool = False   # ... at the program's start instead (its first down item, L2 evict_last)
 
 
 # Candidate launch configurations (the GPU tests check each; the bench times each at every T).

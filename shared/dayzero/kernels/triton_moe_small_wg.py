@@ -83,6 +83,17 @@ WG_VARIANTS = {
     "wgf2_d64_s2_qt": dict(bn_gate_up=64, bn_down=64, wg_split_down=2, gemv_max_t=2, wg_hq=True, wg_tma=True,
                            wg_fused=True, **_WG),
     "wgf8_d64_qt": dict(bn_gate_up=64, bn_down=64, gemv_max_t=8, wg_hq=True, wg_tma=True, wg_fused=True, **_WG),
+    # session 10 call 2: wgf_d64_s2_qt tied the two launches at T = 1 (34.7 vs 34.8 us); the down items idle from
+    # their gate_up item's end to the slowest tile of their h range: _pfN prefetches N of their 12 weight K blocks
+    # into L2 before that wait
+    "wgf_d64_s2_qt_pf4": dict(bn_gate_up=64, bn_down=64, wg_split_down=2, wg_hq=True, wg_tma=True, wg_fused=True,
+                              wg_prefetch=4, **_WG),
+    "wgf_d64_s2_qt_pf16": dict(bn_gate_up=64, bn_down=64, wg_split_down=2, wg_hq=True, wg_tma=True, wg_fused=True,
+                               wg_prefetch=16, **_WG),
+    # _pfe16: the whole first down item into L2 (evict_last) at the program's start, beside its gate_up item's
+    # stream (the one-launch pure read of both stages' bytes took 27.0 us vs 30.5 in two launches: run 8)
+    "wgf_d64_s2_qt_pfe16": dict(bn_gate_up=64, bn_down=64, wg_split_down=2, wg_hq=True, wg_tma=True, wg_fused=True,
+                                wg_prefetch=16, wg_prefetch_early=True, **_WG),
 }
 
 
