@@ -18,7 +18,7 @@ cd "$(dirname "$0")/.."
 export PYTHONPATH="shared${PYTHONPATH:+:$PYTHONPATH}"
 OUT="${OUT:-out}"
 mkdir -p "$OUT"
-area="${1:?usage: bench/candidates.sh attention|moe|peers|fi|s9a|s9b|s10a|s10b}"
+area="${1:?usage: bench/candidates.sh attention|moe|peers|fi|s9a|s9b|s10a|s10b|s10c}"
 rc=0
 part() {  # part NAME DEADLINE_S CMD...
   local name=$1 cap=$2; shift 2
@@ -99,6 +99,13 @@ case "$area" in
       WG_TRACE_TILES=wgf_d64_s2_qt,wgf_d64_s2_qt_pf16,wgf_d64_s2_qt_pfe16 \
       WG_T1=wg_d64_s2_qt,wgf_d64_s2_qt,wgf_d64_s2_qt_pf4,wgf_d64_s2_qt_pf16,wgf_d64_s2_qt_pfe16 \
       bash bench/moe/run_wg.sh ;;
+  s10c)
+    # session 10, call 4: the wg / wgs / wgf K loops with the block scales loaded once before the loop (_r) beside
+    # the shipped tiles at T = 1, 2, 4, 8, traced at T = 1, tests, pick (-> engine tests and decode rows)
+    part moe-wgr 330 env WG_STEPS=bench,trace,tests,pick WG_BENCH_S=110 WG_TEST_S=100 WG_TRACE_S=60 WG_TRACE_TS=1 \
+      WG_TRACE_TILES=wg_d64_s2_qt_r,wgf_d64_s2_qt_r WG_T1=wg_d64_s2_qt,wg_d64_s2_qt_r,wgf_d64_s2_qt_r \
+      WG_T2=wg2_d64_s2_qtp,wg2_d64_s2_qtp_r WG_T4=wg8_d64_qtp,wg8_d64_qtp_r WG_T8=wgs8_d64_qt,wgs8_d64_qt_r \
+      bash bench/moe/run_wg.sh ;;
   fi)
     source bench/peers_install.sh >> "$OUT/candidates.log" 2>&1
     part fi-build "${FI_BUILD_S:-300}" python3 bench/attention/flashinfer_compare.py --out "$OUT/fi-build" --build-only \
@@ -113,7 +120,7 @@ case "$area" in
     # HF transformers at its fastest beside the engine on the same 20B weights (logits at 2048 tokens: cosine and
     # top-1; prefill 8192; decode batch 1 / 64; per-op breakdown), on this commit's defaults
     part peers-hf 240 env PEERS_FI=0 PEERS_HF_S=230 bash bench/peers_run.sh ;;
-  *) echo "unknown area $area (attention|moe|peers|fi|s9a|s9b|s10a|s10b)"; exit 2 ;;
+  *) echo "unknown area $area (attention|moe|peers|fi|s9a|s9b|s10a|s10b|s10c)"; exit 2 ;;
 esac
 sed -i -E "s#$(pwd)/#<repo>/#g; s#/(root|tmp)/[^ :]*#<path>#g" "$OUT/candidates.log"
 echo "candidates $area: rc=$rc" | tee -a "$OUT/candidates.log"

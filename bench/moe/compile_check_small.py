@@ -111,6 +111,7 @@ def split_configs(labels=None):
             if t.wg and t.wg_slots:   # T = 8 on the slot kernels (triton_moe_small_wgs), 20B: 32 pairs
                 consts = dict(TOPK=4, BN=t.bn_gate_up if kern is S.gate_up_kernel else t.bn_down, BK=128, KP=4096,
                               PB=32, EVEN_K=False, DOT_F32=False, TMA=t.wg_tma, PDL=t.pdl)
+                consts["RS"] = t.wg_row_scales
                 if kern is S.down_kernel:
                     consts.update(SPLIT=t.wg_split_down, TK=4)
                 wk = WGS.wgs_gate_up_kernel if kern is S.gate_up_kernel else WGS.wgs_down_kernel
@@ -121,7 +122,7 @@ def split_configs(labels=None):
                     consts = dict(TOPK=4, PB=16, BN1=t.bn_gate_up, BN2=t.bn_down, BK=128, BT=16, X2=t.wg, KP1=4096,
                                   KP2=4096, SPLIT=t.wg_split_down, EVEN_K1=False, EVEN_K2=False, DOT_F32=False,
                                   TMA1=t.wg_tma, TMA2=t.wg_tma, PF=t.wg_prefetch,
-                                  PF_EARLY=t.wg_prefetch_early, TRACE=bool(os.environ.get("WG_TRACE")))
+                                  PF_EARLY=t.wg_prefetch_early, RS=t.wg_row_scales, TRACE=bool(os.environ.get("WG_TRACE")))
                     if not consts["TRACE"]:
                         consts.update(trace_gu=None, trace_dn=None)
                     yield f"fused {label} T1 wgf", WGF.wgf_kernel, consts, t.warps, t.wg_stages, 0
@@ -129,6 +130,7 @@ def split_configs(labels=None):
             if t.wg:   # T = 1 on the FP8 tensor-core kernels (triton_moe_small_wg), 20B: K = 2880
                 consts = dict(TOPK=4, BN=t.bn_gate_up if kern is S.gate_up_kernel else t.bn_down, BK=128, BT=16,
                               KP=4096, X2=t.wg, EVEN_K=False, DOT_F32=False, HQ=t.wg_hq, TMA=t.wg_tma, PDL=t.pdl)
+                consts["RS"] = t.wg_row_scales
                 stages = t.wg_stages
                 if kern is S.down_kernel:
                     consts.update(PB=16, SPLIT=t.wg_split_down)

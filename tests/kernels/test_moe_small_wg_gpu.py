@@ -126,7 +126,9 @@ def test_wg_two_tokens_per_pair(repeated, variant):
                                        (1, "wg128_d128_s4_q"), (2, "wg2_d64_s2_q"), (1, "wg_d64_s2_qt"),
                                        (1, "wg_d64_s2_qtp"), (2, "wg2_d64_s2_p"), (4, "wg4_d64_s2_qtp"),
                                        (8, "wg8_d64_qtp"), (8, "wgs8_d64_qtp"), (4, "wgs8_d64_s2_qtp"),
-                                       (1, "wgf_d64_s2_qt"), (2, "wgf2_d64_s2_qt"), (4, "wgf8_d64_qt")])
+                                       (1, "wgf_d64_s2_qt"), (2, "wgf2_d64_s2_qt"), (4, "wgf8_d64_qt"),
+                                       (1, "wg_d64_s2_qt_r"), (2, "wg2_d64_s2_qtp_r"), (4, "wg8_d64_qtp_r"),
+                                       (8, "wgs8_d64_qt_r")])
 def test_wg_deterministic_and_graph_replay_equals_eager(T, variant):
     check_graph_replay(T, _tiles(variant), seed=81, wg=True)
 
@@ -236,3 +238,22 @@ def test_wg_fused_rejects_pdl_tiles():
     x, w, ids = inputs(1, E, H, seed=5)
     with pytest.raises(ValueError, match="wg_fused"):
         moe_split(x, w, ids, q, LIMIT, dataclasses.replace(_tiles("wgf_d64_s2_qt"), pdl=True))
+
+
+@pytest.mark.parametrize("T,variant,twin", [(1, "wg_d64_s2_qt_r", "wg_d64_s2_qt"), (2, "wg2_d64_s2_qtp_r", "wg2_d64_s2_qtp"),
+                                            (4, "wg8_d64_qtp_r", "wg8_d64_qtp"), (8, "wgs8_d64_qt_r", "wgs8_d64_qt"),
+                                            (5, "wgs8_d64_qt_r", "wgs8_d64_qt"), (1, "wgf_d64_s2_qt_r", "wg_d64_s2_qt")])
+@pytest.mark.parametrize("name", ["20b", "120b"])
+def test_wg_row_scales_same_bits(name, T, variant, twin):
+    # RS (wg_row_scales): each step picks its block scale from the range's row loaded before the loop instead of
+    # loading it one step ahead: the same scale values, so the same output bits as the twin tiles
+    from dayzero.kernels.triton_moe_small_split import MoeSplit
+
+    q, _ = experts(name)
+    E, H, _ = SHAPES[name]
+    x, w, ids = inputs(T, E, H, seed=500 + T)
+    want = MoeSplit(x, w, ids, q, LIMIT, _tiles(twin))().clone()
+    poison()
+    got = MoeSplit(x, w, ids, q, LIMIT, _tiles(variant))()
+    assert torch.equal(got, want), rel(got, want)
+    assert _tickets_zero(q)

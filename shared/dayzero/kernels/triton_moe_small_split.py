@@ -106,6 +106,7 @@ class SplitTiles:
     wg_fused: bool = False
     wg_prefetch: int = 0         # wg_fused: a down item first prefetches its first this many weight K blocks into L2
     wg_prefetch_early: bool = False   # ... at the program's start instead (its first down item, L2 evict_last)
+    wg_row_scales: bool = False  # wg / wgs / wgf K loops: the range's block scales loaded once before the loop
 
 
 # Candidate launch configurations (the GPU tests check each; the bench times each at every T).

@@ -35,7 +35,7 @@ def _gate_up_item(i, x_ptr, ids_ptr, w_ptr, s_ptr, b_ptr, h_ptr, dep_ptr, K, N, 
                   stride_we, stride_wn, stride_se, stride_sn, stride_be, stride_h, limit, alpha, hs,
                   TOPK: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr, BT: tl.constexpr, X2: tl.constexpr,
                   KP: tl.constexpr, EVEN_K: tl.constexpr, DOT_F32: tl.constexpr, TMA: tl.constexpr,
-                  SPLIT: tl.constexpr, trace_ptr, TRACE: tl.constexpr):
+                  SPLIT: tl.constexpr, trace_ptr, TRACE: tl.constexpr, RS: tl.constexpr):
     """gate_up tile i (= tile * P + pair j) of ``wg_gate_up_kernel`` with h as e4m3 hi / lo rows, then +1 on the
     counter of (j, the down K split holding these h columns: per columns each)."""
     _stamp(trace_ptr, i, 0, TRACE)
@@ -51,7 +51,7 @@ def _gate_up_item(i, x_ptr, ids_ptr, w_ptr, s_ptr, b_ptr, h_ptr, dep_ptr, K, N, 
                                      BN, BK, TMA)
         x_row = x_ptr + (j // TOPK).to(tl.int64) * stride_x
         v = _row_dot8(w_src, e, tile * BN, x_row, s_row, 0, K, K, hs, BN, BK, BT, KP, X2, EVEN_K, DOT_F32, False,
-                      TMA)
+                      TMA, RS)
         v = (v + tl.load(b_ptr + e64 * stride_be + rows_c).to(tl.float32)).to(tl.bfloat16).to(tl.float32)
         gate, up = tl.split(tl.reshape(v, (BN // 2, 2)))
         h = clamped_swiglu(gate, up, limit, alpha)
@@ -107,7 +107,7 @@ def _down_item(d, h_ptr, ids_ptr, wt_ptr, w_ptr, w_raw, s_ptr, b_ptr, y_ptr, out
                stride_o, hs, TOPK: tl.constexpr, PB: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr,
                BT: tl.constexpr, KP: tl.constexpr, X2: tl.constexpr, SPLIT: tl.constexpr, EVEN_K: tl.constexpr,
                DOT_F32: tl.constexpr, TMA: tl.constexpr, HB: tl.constexpr, PF: tl.constexpr,
-               PF_EARLY: tl.constexpr, trace_ptr, TRACE: tl.constexpr):
+               PF_EARLY: tl.constexpr, trace_ptr, TRACE: tl.constexpr, RS: tl.constexpr):
     """down tile d of ``wg_down_kernel`` (sp = d % SPLIT, N tile, pair j), once gate_up's items of its h range
     [sp * per, + per) (HB columns each) are counted; then it counts itself, and the last of the n_tiles resets.
     PF > 0: first an L2 prefetch of the tile's first PF weight K blocks (they do not depend on h)."""
@@ -141,7 +141,7 @@ def _down_item(d, h_ptr, ids_ptr, wt_ptr, w_ptr, w_raw, s_ptr, b_ptr, y_ptr, out
             w_src, s_row = _expert_tiles(w_ptr, s_ptr, e64, rows_c, tile, stride_we, stride_wn, stride_se,
                                          stride_sn, BN, BK, TMA)
             acc = _row_dot8(w_src, e, tile * BN, h_ptr + j * stride_h, s_row, k_lo, k_hi, K, hs, BN, BK, BT, KP, X2,
-                            EVEN_K, DOT_F32, True, TMA)
+                            EVEN_K, DOT_F32, True, TMA, RS)
             if sp == 0:
                 acc += tl.load(b_ptr + e64 * stride_be + rows_c).to(tl.float32)
             y = acc * tl.load(wt_ptr + j).to(tl.float32)
@@ -163,7 +163,7 @@ def wgf_kernel(x_ptr, ids_ptr, w1_ptr, s1_ptr, b1_ptr, h_ptr, wt_ptr, w2_ptr, w2
                BT: tl.constexpr, X2: tl.constexpr, KP1: tl.constexpr, KP2: tl.constexpr, SPLIT: tl.constexpr,
                EVEN_K1: tl.constexpr, EVEN_K2: tl.constexpr, DOT_F32: tl.constexpr, TMA1: tl.constexpr,
                TMA2: tl.constexpr, PF: tl.constexpr = 0, PF_EARLY: tl.constexpr = False, trace_gu=None, trace_dn=None,
-               TRACE: tl.constexpr = False):
+               TRACE: tl.constexpr = False, RS: tl.constexpr = False):
     """Program p of G: gate_up items p, p + G, ... < n_gu, then down items p, p + G, ... < n_dn. ``TRACE``
     (diagnostic, ``bench/moe/wg_trace.py``): per item [start, end, SM, (down) wait returned] in trace_gu / trace_dn."""
     pid = tl.program_id(0)
@@ -175,12 +175,12 @@ def wgf_kernel(x_ptr, ids_ptr, w1_ptr, s1_ptr, b1_ptr, h_ptr, wt_ptr, w2_ptr, w2
     for i in range(pid, n_gu, G):
         _gate_up_item(i, x_ptr, ids_ptr, w1_ptr, s1_ptr, b1_ptr, h_ptr, dep_ptr, H, 2 * I, P, offset, E, per,
                       stride_x, stride_w1e, stride_w1n, stride_s1e, stride_s1n, stride_b1e, stride_h, limit, alpha,
-                      hs, TOPK, BN1, BK, BT, X2, KP1, EVEN_K1, DOT_F32, TMA1, SPLIT, trace_gu, TRACE)
+                      hs, TOPK, BN1, BK, BT, X2, KP1, EVEN_K1, DOT_F32, TMA1, SPLIT, trace_gu, TRACE, RS)
     for d in range(pid, n_dn, G):
         _down_item(d, h_ptr, ids_ptr, wt_ptr, w2_ptr, w2_raw, s2_ptr, b2_ptr, y_ptr, out_ptr, ticket_ptr, dep_ptr, I,
                    H, n_tiles2, T, P, offset, E, per, stride_h, stride_w2e, stride_w2n, stride_s2e, stride_s2n,
                    stride_b2e, stride_o, hs, TOPK, PB, BN2, BK, BT, KP2, X2, SPLIT, EVEN_K2, DOT_F32, TMA2, BN1 // 2,
-                   PF, PF_EARLY, trace_dn, TRACE)
+                   PF, PF_EARLY, trace_dn, TRACE, RS)
 
 
 def coresident(kernel, device: torch.device) -> int:
@@ -220,7 +220,7 @@ def launch(run, alpha: float, dot_f32: bool) -> None:
     meta = dict(TOPK=run.k, PB=run.pb, BN1=t.bn_gate_up, BN2=t.bn_down, BK=128, BT=16, X2=t.wg,
                 KP1=triton.next_power_of_2(run.H), KP2=triton.next_power_of_2(run.I), SPLIT=run.s2,
                 EVEN_K1=run.H % 128 == 0, EVEN_K2=run.I % 128 == 0, DOT_F32=dot_f32, TMA1=_tma(run, w1),
-                TMA2=_tma(run, w2), PF=t.wg_prefetch, PF_EARLY=t.wg_prefetch_early, num_warps=t.warps, num_stages=t.wg_stages)
+                TMA2=_tma(run, w2), PF=t.wg_prefetch, PF_EARLY=t.wg_prefetch_early, RS=t.wg_row_scales, num_warps=t.warps, num_stages=t.wg_stages)
     if run.trace is not None:   # (gate_up items, down items) int64 [items, 4]
         meta.update(trace_gu=run.trace[0], trace_dn=run.trace[1], TRACE=True)
     if dot_f32:   # the interpreter: one program, items in order, no waits
