@@ -18,7 +18,7 @@ cd "$(dirname "$0")/.."
 export PYTHONPATH="shared${PYTHONPATH:+:$PYTHONPATH}"
 OUT="${OUT:-out}"
 mkdir -p "$OUT"
-area="${1:?usage: bench/candidates.sh attention|moe|peers|fi|s9a|s9b|s10a|s10b|s10c}"
+area="${1:?usage: bench/candidates.sh attention|moe|peers|fi|s9a|s9b|s10a|s10b|s10c|s10d}"
 rc=0
 part() {  # part NAME DEADLINE_S CMD...
   local name=$1 cap=$2; shift 2
@@ -106,6 +106,14 @@ case "$area" in
       WG_TRACE_TILES=wg_d64_s2_qt_r,wgf_d64_s2_qt_r WG_T1=wg_d64_s2_qt,wg_d64_s2_qt_r,wgf_d64_s2_qt_r \
       WG_T2=wg2_d64_s2_qtp,wg2_d64_s2_qtp_r WG_T4=wg8_d64_qtp,wg8_d64_qtp_r WG_T8=wgs8_d64_qt,wgs8_d64_qt_r \
       bash bench/moe/run_wg.sh ;;
+  s10d)
+    # session 10, call 5: T = 2 / 4 with shallower rings (more programs per SM: one gate_up wave at T = 4 with 2
+    # stages) beside the shipped tiles, tests, pick; then the MoE prefill layer at 8192 tokens (Gluon op, random and
+    # balanced routing, 20B and 120B)
+    part moe-st 300 env WG_STEPS=bench,tests,pick WG_TS=2,4 WG_BENCH_S=90 WG_TEST_S=100 \
+      WG_T2=wg2_d64_s2_qtp,wg2_d64_s2_qtp_st3 WG_T4=wg8_d64_qtp,wg8_d64_qtp_st3,wg8_d64_qtp_st2 bash bench/moe/run_wg.sh
+    part moe-prefill 150 bash -c 'python3 bench/moe/bench_gluon.py --out "$OUT" --experts 128,32 --variants op \
+      --balanced-variants op' ;;
   fi)
     source bench/peers_install.sh >> "$OUT/candidates.log" 2>&1
     part fi-build "${FI_BUILD_S:-300}" python3 bench/attention/flashinfer_compare.py --out "$OUT/fi-build" --build-only \
@@ -120,7 +128,7 @@ case "$area" in
     # HF transformers at its fastest beside the engine on the same 20B weights (logits at 2048 tokens: cosine and
     # top-1; prefill 8192; decode batch 1 / 64; per-op breakdown), on this commit's defaults
     part peers-hf 240 env PEERS_FI=0 PEERS_HF_S=230 bash bench/peers_run.sh ;;
-  *) echo "unknown area $area (attention|moe|peers|fi|s9a|s9b|s10a|s10b|s10c)"; exit 2 ;;
+  *) echo "unknown area $area (attention|moe|peers|fi|s9a|s9b|s10a|s10b|s10c|s10d)"; exit 2 ;;
 esac
 sed -i -E "s#$(pwd)/#<repo>/#g; s#/(root|tmp)/[^ :]*#<path>#g" "$OUT/candidates.log"
 echo "candidates $area: rc=$rc" | tee -a "$OUT/candidates.log"

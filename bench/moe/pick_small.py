@@ -3,7 +3,7 @@ as a ``DAYZERO_MOE_SMALL_TILES`` rule ("name@max_pairs,...") for the device test
 (run.sh step ``small_graph``) and a table (stderr) of every variant against the shipped default.
 
     python3 bench/moe/pick_small.py OUT/moe-small.json [OUT/small-tests.xml]
-    python3 bench/moe/pick_small.py --shipped      (the shipped tiles at T = 1, 2, 4, 8 as such a rule)
+    python3 bench/moe/pick_small.py --shipped [TS]  (the shipped tiles at T = 1, 2, 4, 8 or TS as such a rule)
 
 A variant replaces the shipped default at a T only when it is faster at both E = 32 and E = 128 by
 more than ``MARGIN`` (run-to-run spread of graph timings here: ~1 %); else the default stays. With the
@@ -76,8 +76,8 @@ def shipped_rule(ts=(1, 2, 4, 8), base_of=None) -> str:
 
 
 def main() -> int:
-    if sys.argv[1:] == ["--shipped"]:
-        print(shipped_rule())
+    if sys.argv[1:2] == ["--shipped"]:   # [--shipped [TS]]: the shipped tiles at those T (default 1,2,4,8)
+        print(shipped_rule(tuple(int(t) for t in sys.argv[2].split(","))) if len(sys.argv) > 2 else shipped_rule())
         return 0
     with open(sys.argv[1], encoding="utf-8") as f:
         rows = json.load(f)["rows"]

@@ -31,7 +31,7 @@ step tests "${WG_TEST_S:-60}" python3 -m pytest -q -n 2 -p no:cacheprovider --no
   tests/kernels/test_moe_small_wg_gpu.py --junitxml "$OUT/wg-tests.xml"
 # the picks as the default (through the env override), then what a default change must pass, and the engine rows
 step pick 150 sh -c 'rule=$(python3 bench/moe/pick_small.py "$1/moe-small.json" "$1/wg-tests.xml") || exit 1
-  base=$(python3 bench/moe/pick_small.py --shipped)
+  base=$(python3 bench/moe/pick_small.py --shipped "${WG_TS:-1,2,4,8}")
   echo "picked: $rule (shipped: $base)"
   [ "$rule" = "$base" ] && { echo "nothing beats the shipped tiles"; exit 0; }
   export DAYZERO_MOE_SMALL_TILES="$rule"

@@ -105,6 +105,14 @@ WG_VARIANTS = {
                           wg_row_scales=True, **_WG),
     "wgf_d64_s2_qt_r": dict(bn_gate_up=64, bn_down=64, wg_split_down=2, wg_hq=True, wg_tma=True, wg_fused=True,
                             wg_row_scales=True, **_WG),
+    # session 10, call 5: T = 4 runs 1440 gate_up programs at 6 per SM (1.8 waves; the trace's start p90 29.6 us):
+    # a shallower ring fits more per SM (one wave at 11)
+    "wg8_d64_qtp_st3": dict(bn_gate_up=64, bn_down=64, gemv_max_t=8, wg_hq=True, wg_tma=True, pdl=True, wg_stages=3,
+                            **_WG),
+    "wg2_d64_s2_qtp_st3": dict(bn_gate_up=64, bn_down=64, wg_split_down=2, gemv_max_t=2, wg_hq=True, wg_tma=True,
+                               pdl=True, wg_stages=3, **_WG),
+    "wg8_d64_qtp_st2": dict(bn_gate_up=64, bn_down=64, gemv_max_t=8, wg_hq=True, wg_tma=True, pdl=True, wg_stages=2,
+                            **_WG),
     "wgs8_d64_qt_r": dict(bn_gate_up=64, bn_down=64, gemv_max_t=8, wg_hq=True, wg_tma=True, wg_slots=True,
                           wg_row_scales=True, **_WG),
 }
