@@ -18,7 +18,7 @@ cd "$(dirname "$0")/.."
 export PYTHONPATH="shared${PYTHONPATH:+:$PYTHONPATH}"
 OUT="${OUT:-out}"
 mkdir -p "$OUT"
-area="${1:?usage: bench/candidates.sh attention|moe|peers|fi|s9a|s9b|s10a|s10b|s10c|s10d}"
+area="${1:?usage: bench/candidates.sh attention|moe|peers|fi|fi10|s9a|s9b}"
 rc=0
 part() {  # part NAME DEADLINE_S CMD...
   local name=$1 cap=$2; shift 2
@@ -80,40 +80,21 @@ case "$area" in
         echo "== $a"; env $a python3 -m dayzero bench decode --model 20b --batch 1,8 --context 8192 --steps 16 \
           2>&1 | grep -E "^decode" || r=1
       done; exit $r' ;;
-  s10a)
-    # session 10: gate_up + down in one cooperative launch (wgf, NOTES "Session 10, lead: gate_up and down in one
-    # cooperative launch") beside the shipped tiles at T = 1, 2, 4, 8, tests, pick; then the rope early trigger
-    # re-measured interleaved (off / on / off / on, 32 steps each)
-    part moe-wgf 330 env WG_STEPS=bench,tests,pick WG_BENCH_S=110 WG_TEST_S=100 WG_T1=wg_d64_s2_qt,wgf_d64_s2_qt \
-      WG_T2=wg2_d64_s2_qtp,wgf2_d64_s2_qt WG_T4=wg8_d64_qtp,wgf8_d64_qt WG_T8=wgs8_d64_qt,wgf8_d64_qt \
-      bash bench/moe/run_wg.sh
-    part rope-ab 150 bash -c 'set -u; r=0
-      for rep in 1 2; do for e in 0 1; do echo "== DAYZERO_ROPE_TRIGGER=$e (rep $rep)"
-        DAYZERO_ROPE_TRIGGER=$e python3 -m dayzero bench decode --model 20b --batch 1,8 --context 8192 --steps 32 \
-          2>&1 | grep -E "^decode" || r=1
-      done; done; exit $r' ;;
-  s10b)
-    # session 10, call 3: the fused T = 1 tiles with the down weights prefetched into L2 (at the wait: pf4 / pf16;
-    # at the program's start, evict_last: pfe16), timed beside the shipped tiles, traced per item, tests, pick
-    part moe-wgf 330 env WG_STEPS=bench,trace,tests,pick WG_BENCH_S=110 WG_TEST_S=100 WG_TRACE_S=90 WG_TRACE_TS=1 \
-      WG_TRACE_TILES=wgf_d64_s2_qt,wgf_d64_s2_qt_pf16,wgf_d64_s2_qt_pfe16 \
-      WG_T1=wg_d64_s2_qt,wgf_d64_s2_qt,wgf_d64_s2_qt_pf4,wgf_d64_s2_qt_pf16,wgf_d64_s2_qt_pfe16 \
-      bash bench/moe/run_wg.sh ;;
-  s10c)
-    # session 10, call 4: the wg / wgs / wgf K loops with the block scales loaded once before the loop (_r) beside
-    # the shipped tiles at T = 1, 2, 4, 8, traced at T = 1, tests, pick (-> engine tests and decode rows)
-    part moe-wgr 330 env WG_STEPS=bench,trace,tests,pick WG_BENCH_S=110 WG_TEST_S=100 WG_TRACE_S=60 WG_TRACE_TS=1 \
-      WG_TRACE_TILES=wg_d64_s2_qt_r,wgf_d64_s2_qt_r WG_T1=wg_d64_s2_qt,wg_d64_s2_qt_r,wgf_d64_s2_qt_r \
-      WG_T2=wg2_d64_s2_qtp,wg2_d64_s2_qtp_r WG_T4=wg8_d64_qtp,wg8_d64_qtp_r WG_T8=wgs8_d64_qt,wgs8_d64_qt_r \
-      bash bench/moe/run_wg.sh ;;
-  s10d)
-    # session 10, call 5: T = 2 / 4 with shallower rings (more programs per SM: one gate_up wave at T = 4 with 2
-    # stages) beside the shipped tiles, tests, pick; then the MoE prefill layer at 8192 tokens (Gluon op, random and
-    # balanced routing, 20B and 120B)
-    part moe-st 300 env WG_STEPS=bench,tests,pick WG_TS=2,4 WG_BENCH_S=90 WG_TEST_S=100 \
-      WG_T2=wg2_d64_s2_qtp,wg2_d64_s2_qtp_st3 WG_T4=wg8_d64_qtp,wg8_d64_qtp_st3,wg8_d64_qtp_st2 bash bench/moe/run_wg.sh
-    part moe-prefill 150 bash -c 'python3 bench/moe/bench_gluon.py --out "$OUT" --experts 128,32 --variants op \
-      --balanced-variants op' ;;
+  fi10)
+    # session 10's closing pair, first call: FlashInfer's fa2 / fa3 JIT builds into .fi-ws (niced, carry .whl) while
+    # the decode-MoE tiles run on the GPU: the new defaults (T = 2 wg2_d64_s2_qtp_st3, 20B T = 4 wg8_d64_qtp_st2)
+    # beside the tiles they replaced, at T = 1, 2, 4, 8 (the session's issue-6 decode table); then bench/closing_call.sh
+    source bench/peers_install.sh >> "$OUT/candidates.log" 2>&1
+    mkdir -p "$OUT/fi-build"
+    nice -n 19 timeout -k 5 "${FI_BUILD_S:-300}" python3 bench/attention/flashinfer_compare.py --out "$OUT/fi-build" \
+      --build-only --budget-s "${FI_BUILD_S:-300}" --build-s $(( ${FI_BUILD_S:-300} - 10 )) --jit-workers 8 \
+      > "$OUT/fi-build/build.log" 2>&1 &
+    fi_pid=$!
+    part moe-confirm 200 env WG_STEPS=bench WG_BENCH_S=150 WG_T2=wg2_d64_s2_qtp_st3,wg2_d64_s2_qtp \
+      WG_T4=wg8_d64_qtp_st2,wg8_d64_qtp bash bench/moe/run_wg.sh
+    wait "$fi_pid"; echo "FlashInfer builds rc=$? ($(date -u +%H:%M:%S))" | tee -a "$OUT/candidates.log"
+    tail -n 6 "$OUT/fi-build/build.log" >> "$OUT/candidates.log"
+    tar czf "$OUT/fi-build.tgz" -C "$OUT" fi-build && rm -rf "$OUT/fi-build" ;;
   fi)
     source bench/peers_install.sh >> "$OUT/candidates.log" 2>&1
     part fi-build "${FI_BUILD_S:-300}" python3 bench/attention/flashinfer_compare.py --out "$OUT/fi-build" --build-only \
@@ -128,7 +109,7 @@ case "$area" in
     # HF transformers at its fastest beside the engine on the same 20B weights (logits at 2048 tokens: cosine and
     # top-1; prefill 8192; decode batch 1 / 64; per-op breakdown), on this commit's defaults
     part peers-hf 240 env PEERS_FI=0 PEERS_HF_S=230 bash bench/peers_run.sh ;;
-  *) echo "unknown area $area (attention|moe|peers|fi|s9a|s9b|s10a|s10b|s10c|s10d)"; exit 2 ;;
+  *) echo "unknown area $area (attention|moe|peers|fi|fi10|s9a|s9b)"; exit 2 ;;
 esac
 sed -i -E "s#$(pwd)/#<repo>/#g; s#/(root|tmp)/[^ :]*#<path>#g" "$OUT/candidates.log"
 echo "candidates $area: rc=$rc" | tee -a "$OUT/candidates.log"

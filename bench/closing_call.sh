@@ -24,7 +24,7 @@ shipped=$(PYTHONPATH=shared python3 -c "
 from dayzero.kernels.triton_moe_small_split import VARIANTS, default_tiles
 names = {id(v): n for n, v in VARIANTS.items()}
 print(' or '.join(sorted({names[id(default_tiles(p, e))] for p in (4, 8, 16, 28, 32, 64) for e in (32, 128)})))" \
-  2>/dev/null || echo "wg_d64_s2_qt or wg2_d64_s2_qtp or wg8_d64_qtp or bn64_r_x16 or bn64_x16")
+  2>/dev/null || echo "wg_d64_s2_qt or wg2_d64_s2_qtp_st3 or wg8_d64_qtp or wg8_d64_qtp_st2 or wgs8_d64_qt or bn64_x16")
 small_k="(split_vs_reference and ($shipped)) or registered or graph_replay"
 small_k="$small_k or no_local or gemv_t1 or per_pair or expert_parallel or repeated or override"
 export FINAL_EXTRA="DAYZERO_MOE_SMALL_TEST_TS=1,2,4,7,8,16 python3 -m pytest -q -n 2 -p no:cacheprovider --noconftest \

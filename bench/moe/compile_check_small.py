@@ -23,7 +23,6 @@ from triton.compiler.compiler import ASTSource
 from dayzero.kernels import triton_moe_small_gemv as G
 from dayzero.kernels import triton_moe_small_split_kernels as S
 from dayzero.kernels import triton_moe_small_wg as WG
-from dayzero.kernels import triton_moe_small_wgf as WGF
 from dayzero.kernels import triton_moe_small_wgs as WGS
 
 sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[1]))
@@ -72,10 +71,6 @@ def check(kernel, consts: dict, warps: int = 4, stages: int = 4, maxnreg: int = 
         types = dict(types, h_ptr="*fp8e4nv")
     if consts.get("TMA"):  # wg tiles with wg_tma: the weights as a TMA descriptor of [E, N, K]
         types = dict(types, w_ptr=f"tensordesc<fp8e4nv[1, {consts['BN']}, 128]>")
-    if kernel is WGF.wgf_kernel:   # both stages' weights (TMA descriptors), scales, biases; the dep counters
-        types = dict(types, h_ptr="*fp8e4nv", dep_ptr="*i32", w2_raw="*fp8e4nv", trace_gu="*i64", trace_dn="*i64", s1_ptr="*fp32", s2_ptr="*fp32", b1_ptr="*bf16",
-                     b2_ptr="*bf16", w1_ptr=f"tensordesc<fp8e4nv[1, {consts['BN1']}, 128]>",
-                     w2_ptr=f"tensordesc<fp8e4nv[1, {consts['BN2']}, 128]>")
     sig = {n: ("constexpr" if n in consts else types.get(n, "i32")) for n in kernel.arg_names}
     attrs = {(i,): [["tt.divisibility", 16]] for i, n in enumerate(kernel.arg_names)
              if n not in consts and n not in NOT_DIV16}
@@ -91,7 +86,7 @@ def check(kernel, consts: dict, warps: int = 4, stages: int = 4, maxnreg: int = 
         kb_per_warp = consts["BN"] * consts["BK"] * consts["U"] / warps / 1024
     else:
         loop, hmma, ldg = k_loop(sass)
-        kb_per_warp = consts.get("BN", consts.get("BN2")) * 128 / warps / 1024   # weight KB per warp and K step
+        kb_per_warp = consts["BN"] * 128 / warps / 1024   # weight KB per warp and K step
     return dict(regs=b.regs, local_ld_st=b.spills, smem=b.smem, programs_per_sm=b.programs_per_sm,
                 async_copies=b.ttgir.count("async_copy_global_to_local"), loop_instr=loop, hmma=hmma, loop_ldg=ldg,
                 instr_per_kb=round(loop / kb_per_warp),
@@ -111,26 +106,14 @@ def split_configs(labels=None):
             if t.wg and t.wg_slots:   # T = 8 on the slot kernels (triton_moe_small_wgs), 20B: 32 pairs
                 consts = dict(TOPK=4, BN=t.bn_gate_up if kern is S.gate_up_kernel else t.bn_down, BK=128, KP=4096,
                               PB=32, EVEN_K=False, DOT_F32=False, TMA=t.wg_tma, PDL=t.pdl)
-                consts["RS"] = t.wg_row_scales
                 if kern is S.down_kernel:
                     consts.update(SPLIT=t.wg_split_down, TK=4)
                 wk = WGS.wgs_gate_up_kernel if kern is S.gate_up_kernel else WGS.wgs_down_kernel
                 yield f"{name} {label} T8 wgs", wk, consts, t.warps_down or t.warps, t.wg_stages, 0
                 continue
-            if t.wg and t.wg_fused:   # both stages in one launch (triton_moe_small_wgf), 20B
-                if kern is S.gate_up_kernel:
-                    consts = dict(TOPK=4, PB=16, BN1=t.bn_gate_up, BN2=t.bn_down, BK=128, BT=16, X2=t.wg, KP1=4096,
-                                  KP2=4096, SPLIT=t.wg_split_down, EVEN_K1=False, EVEN_K2=False, DOT_F32=False,
-                                  TMA1=t.wg_tma, TMA2=t.wg_tma, PF=t.wg_prefetch,
-                                  PF_EARLY=t.wg_prefetch_early, RS=t.wg_row_scales, TRACE=bool(os.environ.get("WG_TRACE")))
-                    if not consts["TRACE"]:
-                        consts.update(trace_gu=None, trace_dn=None)
-                    yield f"fused {label} T1 wgf", WGF.wgf_kernel, consts, t.warps, t.wg_stages, 0
-                continue
             if t.wg:   # T = 1 on the FP8 tensor-core kernels (triton_moe_small_wg), 20B: K = 2880
                 consts = dict(TOPK=4, BN=t.bn_gate_up if kern is S.gate_up_kernel else t.bn_down, BK=128, BT=16,
                               KP=4096, X2=t.wg, EVEN_K=False, DOT_F32=False, HQ=t.wg_hq, TMA=t.wg_tma, PDL=t.pdl)
-                consts["RS"] = t.wg_row_scales
                 stages = t.wg_stages
                 if kern is S.down_kernel:
                     consts.update(PB=16, SPLIT=t.wg_split_down)

@@ -20,7 +20,8 @@ MARGIN = 0.02
 
 
 def shipped(T: int) -> str:
-    """The ``VARIANTS`` name of the shipped split tiles at T (``default_tiles``, 20B / 120B alike)."""
+    """The ``VARIANTS`` name of the shipped split tiles at T for 20B's 32 experts (``default_tiles``; since session 10
+    120B's T = 3-4 tiles differ: wg8_d64_qtp there, the 20B pick wg8_d64_qtp_st2 was under the margin at 120B)."""
     from dayzero.kernels.triton_moe_small_split import VARIANTS, default_tiles
 
     t = default_tiles(T * K_TOP, 32)

@@ -20,8 +20,8 @@ steps=",${WG_STEPS:-bench,tests},"
 # lead: ring depth", measured); then gate_up over 2 K ranges (measured slower, removed: source in commit 08a488b); now the
 # shipped tiles alone (WG_T<T> names candidates); the earlier lists are in this file's git history)
 step bench "${WG_BENCH_S:-90}" env MOE_SMALL_VARIANTS_T1="${WG_T1:-wg_d64_s2_qt}" \
-  MOE_SMALL_VARIANTS_T2="${WG_T2:-wg2_d64_s2_qtp}" \
-  MOE_SMALL_VARIANTS_T4="${WG_T4:-wg8_d64_qtp}" \
+  MOE_SMALL_VARIANTS_T2="${WG_T2:-wg2_d64_s2_qtp_st3}" \
+  MOE_SMALL_VARIANTS_T4="${WG_T4:-wg8_d64_qtp_st2,wg8_d64_qtp}" \
   MOE_SMALL_VARIANTS_T8="${WG_T8:-wgs8_d64_qt}" \
   python3 bench/moe/bench_small.py --out "$OUT" --ts "${WG_TS:-1,2,4,8}"
 # WG_STEPS=trace: bench/moe/wg_trace.py, per-program %globaltimer stamps of the shipped wg tiles at T = 1, 2, 4

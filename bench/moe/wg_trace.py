@@ -54,8 +54,8 @@ def kernel_stats(tr: torch.Tensor) -> dict:
 
 
 def one_case(res: Results, name: str, T: int, tile_name: str = "") -> None:
-    """One model and token count on its shipped tiles (or ``tile_name``'s: the fused wgf tiles stamp per item, with
-    the down items' wait in slot 3): untraced, then traced, graph times and the stamps."""
+    """One model and token count on its shipped tiles (or ``tile_name``'s, a per-pair wg variant): untraced, then
+    traced, graph times and the stamps."""
     E = EXPERTS[name]
     ex = random_experts(E, H, I, seed=3)
     g = torch.Generator(device="cuda").manual_seed(11)
@@ -103,7 +103,7 @@ def main() -> int:
     ap.add_argument("--out", required=True)
     ap.add_argument("--models", default="20b,120b")
     ap.add_argument("--ts", default="1,2,4")
-    ap.add_argument("--tiles", default="", help="VARIANTS names traced at each T too (e.g. the wgf tiles)")
+    ap.add_argument("--tiles", default="", help="VARIANTS names (per-pair wg tiles) traced at each T too")
     a = ap.parse_args()
     res = Results("wg-trace")
     for name in a.models.split(","):

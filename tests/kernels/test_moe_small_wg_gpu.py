@@ -88,7 +88,7 @@ def test_wg_hq_h_near_its_bound(variant):
 
 
 @pytest.mark.parametrize("variant", ["wg_d64", "wg128_d128_s4", "wg_d64_s2_q", "wg128_d128_s4_qt", "wg_d64_s2_qtp",
-                                     "wgs8_d64_qtp", "wgf_d64_s2_qt"])
+                                     "wgs8_d64_qtp", "wg8_d64_qtp_st2"])
 @pytest.mark.parametrize("local_routes", [0, 2])
 def test_wg_expert_parallel_slice(local_routes, variant):
     # this rank owns experts 8..15: routes elsewhere are skipped (the down tickets count local pairs x splits);
@@ -126,9 +126,7 @@ def test_wg_two_tokens_per_pair(repeated, variant):
                                        (1, "wg128_d128_s4_q"), (2, "wg2_d64_s2_q"), (1, "wg_d64_s2_qt"),
                                        (1, "wg_d64_s2_qtp"), (2, "wg2_d64_s2_p"), (4, "wg4_d64_s2_qtp"),
                                        (8, "wg8_d64_qtp"), (8, "wgs8_d64_qtp"), (4, "wgs8_d64_s2_qtp"),
-                                       (1, "wgf_d64_s2_qt"), (2, "wgf2_d64_s2_qt"), (4, "wgf8_d64_qt"),
-                                       (1, "wg_d64_s2_qt_r"), (2, "wg2_d64_s2_qtp_r"), (4, "wg8_d64_qtp_r"),
-                                       (8, "wgs8_d64_qt_r")])
+                                       (2, "wg2_d64_s2_qtp_st3"), (4, "wg8_d64_qtp_st2")])
 def test_wg_deterministic_and_graph_replay_equals_eager(T, variant):
     check_graph_replay(T, _tiles(variant), seed=81, wg=True)
 
@@ -145,7 +143,8 @@ def test_wg_rejects_bad_tiles():
         moe_split(x, w, ids, q, 1e4, _tiles("wg_d64_s2_q"))
 
 
-@pytest.mark.parametrize("T,variant", [(1, "wg_d64_s2_qt"), (2, "wg2_d64_s2_qtp"), (4, "wg8_d64_qtp")])
+@pytest.mark.parametrize("T,variant", [(1, "wg_d64_s2_qt"), (2, "wg2_d64_s2_qtp"), (4, "wg8_d64_qtp"),
+                                       (2, "wg2_d64_s2_qtp_st3"), (4, "wg8_d64_qtp_st2")])
 def test_wg_trace_stamps_and_same_output(T, variant):
     # TRACE (diagnostic, bench/moe/wg_trace.py): the traced kernels give the untraced output bit for bit, and every
     # program of a local pair stamps start <= end on a real SM; down's PDL-wait stamp lies between its own
@@ -169,91 +168,3 @@ def test_wg_trace_stamps_and_same_output(T, variant):
         if stage == 1:
             assert ((tr[:, 3] >= tr[:, 0]) & (tr[:, 3] <= tr[:, 1])).all()
     assert run.trace[1][:, 1].min() >= run.trace[0][:, 1].max()   # down ends after every gate_up program
-
-
-@pytest.mark.parametrize("T,variant", [(1, "wgf_d64_s2_qt"), (1, "wgf_d64_s2_qt_pf4"), (2, "wgf2_d64_s2_qt")])
-def test_wg_fused_trace_waits_for_its_h_range(T, variant):
-    # the fused tiles' TRACE stamps per item: same output bits; every down item's wait returns after the end of
-    # every gate_up item of its pair and h range (its K split); the timer ticks in 32 ns steps: one step of slack
-    from dayzero.kernels.triton_moe_small_split import MoeSplit
-
-    q, _ = experts("20b")
-    E, H, _ = SHAPES["20b"]
-    x, w, ids = inputs(T, E, H, seed=181 + T)
-    want = MoeSplit(x, w, ids, q, LIMIT, _tiles(variant))().clone()
-    run = MoeSplit(x, w, ids, q, LIMIT, _tiles(variant))
-    run.trace = (torch.zeros((run.P * run.nt1, 4), dtype=torch.int64, device=DEV),
-                 torch.zeros((run.P * run.nt2 * run.s2, 4), dtype=torch.int64, device=DEV))
-    got = run()
-    torch.cuda.synchronize()
-    assert torch.equal(got, want)
-    gu, dn = run.trace[0].cpu(), run.trace[1].cpu()
-    assert (gu[:, 1] >= gu[:, 0]).all() and (dn[:, 3] >= dn[:, 0]).all() and (dn[:, 1] >= dn[:, 3]).all()
-    per = -(-(-(-run.I // 128)) // run.s2) * 128     # h columns of a down K split
-    hb = run.tiles.bn_gate_up // 2
-    for d in range(dn.shape[0]):
-        sp, j = d % run.s2, d // (run.s2 * run.nt2)
-        mine = [i for i in range(gu.shape[0]) if i % run.P == j and ((i // run.P) * hb) // per == sp]
-        assert mine and int(dn[d, 3]) + 32 >= int(gu[mine, 1].max()), (d, sp, j)
-
-
-_FUSED_TWINS = [(1, "wgf_d64_s2_qt", "wg_d64_s2_qt"), (2, "wgf2_d64_s2_qt", "wg2_d64_s2_qtp"),
-                (4, "wgf8_d64_qt", "wg8_d64_qtp"), (8, "wgf8_d64_qt", "wg8_d64_qtp")]
-
-
-@pytest.mark.parametrize("grid", [0, 3])
-@pytest.mark.parametrize("T,fused,twin", _FUSED_TWINS)
-@pytest.mark.parametrize("name", ["20b", "120b"])
-def test_wg_fused_equals_two_launches(name, T, fused, twin, grid, monkeypatch):
-    # one cooperative launch (triton_moe_small_wgf) runs the two-launch tiles' item code: the same bits, on three
-    # calls in a row (its per-(pair, split) counters back at 0 after each); grid = 3: three programs take every
-    # item (most down items wait on gate_up items of other programs), else as many as fit on the GPU
-    from dayzero.kernels import triton_moe_small_wgf as wgf
-    from dayzero.kernels.triton_moe_small_split import MoeSplit
-
-    q, _ = experts(name)
-    E, H, _ = SHAPES[name]
-    for k in [k for k in q.derived if k.startswith("wgf_grid")]:   # the grid is cached with the weights
-        del q.derived[k]
-    if grid:
-        monkeypatch.setattr(wgf, "coresident", lambda kernel, device: grid)
-    try:
-        for call in range(3):
-            x, w, ids = inputs(T, E, H, seed=300 + 10 * T + call, repeated=call == 1)
-            want = MoeSplit(x, w, ids, q, LIMIT, _tiles(twin))().clone()
-            poison()
-            got = MoeSplit(x, w, ids, q, LIMIT, _tiles(fused))()
-            assert torch.equal(got, want), (call, rel(got, want))
-            assert _tickets_zero(q), call
-    finally:
-        for k in [k for k in q.derived if k.startswith("wgf_grid")]:
-            del q.derived[k]
-
-
-def test_wg_fused_rejects_pdl_tiles():
-    from dayzero.kernels.triton_moe_small_split import moe_split
-
-    q, _ = experts("20b")
-    E, H, _ = SHAPES["20b"]
-    x, w, ids = inputs(1, E, H, seed=5)
-    with pytest.raises(ValueError, match="wg_fused"):
-        moe_split(x, w, ids, q, LIMIT, dataclasses.replace(_tiles("wgf_d64_s2_qt"), pdl=True))
-
-
-@pytest.mark.parametrize("T,variant,twin", [(1, "wg_d64_s2_qt_r", "wg_d64_s2_qt"), (2, "wg2_d64_s2_qtp_r", "wg2_d64_s2_qtp"),
-                                            (4, "wg8_d64_qtp_r", "wg8_d64_qtp"), (8, "wgs8_d64_qt_r", "wgs8_d64_qt"),
-                                            (5, "wgs8_d64_qt_r", "wgs8_d64_qt"), (1, "wgf_d64_s2_qt_r", "wg_d64_s2_qt")])
-@pytest.mark.parametrize("name", ["20b", "120b"])
-def test_wg_row_scales_same_bits(name, T, variant, twin):
-    # RS (wg_row_scales): each step picks its block scale from the range's row loaded before the loop instead of
-    # loading it one step ahead: the same scale values, so the same output bits as the twin tiles
-    from dayzero.kernels.triton_moe_small_split import MoeSplit
-
-    q, _ = experts(name)
-    E, H, _ = SHAPES[name]
-    x, w, ids = inputs(T, E, H, seed=500 + T)
-    want = MoeSplit(x, w, ids, q, LIMIT, _tiles(twin))().clone()
-    poison()
-    got = MoeSplit(x, w, ids, q, LIMIT, _tiles(variant))()
-    assert torch.equal(got, want), rel(got, want)
-    assert _tickets_zero(q)

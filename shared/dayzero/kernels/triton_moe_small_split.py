@@ -26,7 +26,6 @@ from .triton_moe_small_split_kernels import combine_kernel, down_kernel, gate_up
 from .triton_moe_small_wg import WG_VARIANTS
 from .triton_moe_small_wg import launch_down as wg_down
 from .triton_moe_small_wg import launch_gate_up as wg_gate_up
-from .triton_moe_small_wgf import launch as wgf_launch
 from .triton_moe_small_wgs import launch_down as wgs_down
 from .triton_moe_small_wgs import launch_gate_up as wgs_gate_up
 from .types import ExpertWeights
@@ -101,12 +100,6 @@ class SplitTiles:
     # wg kernels with one program per expert slot carrying all its tokens (<= 8) as B columns
     # (``triton_moe_small_wgs``: each weight tile read once per call; needs wg = 2 and wg_hq)
     wg_slots: bool = False
-    # both stages in one cooperative launch (``triton_moe_small_wgf``: gate_up items, then down items that wait on
-    # per-(pair, K split) counters; needs wg_hq, no wg_slots / pdl)
-    wg_fused: bool = False
-    wg_prefetch: int = 0         # wg_fused: a down item first prefetches its first this many weight K blocks into L2
-    wg_prefetch_early: bool = False   # ... at the program's start instead (its first down item, L2 evict_last)
-    wg_row_scales: bool = False  # wg / wgs / wgf K loops: the range's block scales loaded once before the loop
 
 
 # Candidate launch configurations (the GPU tests check each; the bench times each at every T).
@@ -235,12 +228,16 @@ def default_tiles(pairs: int, E: int) -> SplitTiles:
     gvq2_d64_r 65.6 / 66.9), wg8_d64_qtp at <= 16 (T = 4: 96.0 / 111.9 vs gvqt8_d32_rp 103.2 / 118.8),
     bn64_x16 above 32 (T = 16: 212.1 / 331.7 vs bn64 233.7 / 371.5). Session 9 (``candidates.sh moe``):
     wgs8_d64_qt at <= 32 (the slot kernels: one program per expert, its <= 8 tokens as wgmma B columns; T = 8:
-    158.4 / 203.6 vs bn64_r_x16 175.3 / 225.7; session 8's bn64_r_x16 had replaced bn64_r there).
+    158.4 / 203.6 vs bn64_r_x16 175.3 / 225.7; session 8's bn64_r_x16 had replaced bn64_r there). Session 10
+    (call 5): the shallower rings, wg2_d64_s2_qtp_st3 at <= 8 (T = 2: 58.5 / 60.8 vs 61.8 / 63.9) and, with fewer
+    than 64 local experts, wg8_d64_qtp_st2 at <= 16 (20B T = 4: 90.5 vs 95.8; at 120B 112.7 vs 114.6, under the
+    2 % margin: wg8_d64_qtp stays there).
     ``DAYZERO_MOE_SMALL_TILES`` overrides it (``forced_tiles``: device tests of candidates)."""
     forced = forced_tiles(pairs)
     if forced is not None:
         return forced
-    return VARIANTS["wg_d64_s2_qt" if pairs <= 4 else "wg2_d64_s2_qtp" if pairs <= 8 else "wg8_d64_qtp" if pairs <= 16
+    t4 = "wg8_d64_qtp_st2" if E < 64 else "wg8_d64_qtp"
+    return VARIANTS["wg_d64_s2_qt" if pairs <= 4 else "wg2_d64_s2_qtp_st3" if pairs <= 8 else t4 if pairs <= 16
                     else "wgs8_d64_qt" if pairs <= 32 else "bn64_x16"]
 
 
@@ -310,10 +307,8 @@ class MoeSplit:
         self.s2 = max(1, t.wg_split_down) if self.wg else 1 if self.gemv_down else \
             choose_split(t.split_down, touched, self.nt2, I, t)
         n1 = self.slots * self.nt1
-        n_deps = self.P * self.s2 if self.wg and t.wg_fused else 0   # wgf: gate_up items counted per (pair, split)
-        tickets = _tickets(experts, n1 + self.nt2 + n_deps, dev)
-        self.tickets1, self.tickets2 = tickets[:n1], tickets[n1:n1 + self.nt2]
-        self.deps = tickets[n1 + self.nt2:]
+        tickets = _tickets(experts, n1 + self.nt2, dev)
+        self.tickets1, self.tickets2 = tickets[:n1], tickets[n1:]
         self.ws = torch.empty((self.s1, self.P, 2 * I) if self.s1 > 1 else (1,), dtype=torch.float32, device=dev)
         self.h = torch.empty((self.P, I), dtype=torch.float16 if t.h16 else torch.bfloat16, device=dev)  # per pair
         self.y = torch.empty((self.s2, self.P, H), dtype=torch.float32, device=dev)       # per split, pair
@@ -341,8 +336,6 @@ class MoeSplit:
     def gate_up(self) -> None:
         ex, t = self.ex, self.tiles
         w, s, b = ex.gate_up, ex.gate_up_scale, ex.gate_up_bias
-        if self.wg and t.wg_fused:
-            return wgf_launch(self, SWIGLU_ALPHA, interpreting())   # down and combine too
         if self.wg:
             return (wgs_gate_up if t.wg_slots else wg_gate_up)(self, SWIGLU_ALPHA, interpreting())
         if self.gemv:
@@ -362,8 +355,6 @@ class MoeSplit:
     def down(self) -> None:
         ex, t = self.ex, self.tiles
         w, s, b = ex.down, ex.down_scale, ex.down_bias
-        if self.wg and t.wg_fused:
-            return   # ran in gate_up's launch
         if self.wg:
             return (wgs_down if t.wg_slots else wg_down)(self, interpreting())
         if self.gemv_down:

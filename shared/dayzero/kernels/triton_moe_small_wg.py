@@ -77,44 +77,13 @@ WG_VARIANTS = {
     "wgs8_d64_s2_qtp": dict(bn_gate_up=64, bn_down=64, wg_split_down=2, gemv_max_t=8, wg_hq=True, wg_tma=True,
                             pdl=True, wg_slots=True, **_WG),
     "wgs8_d64_qt": dict(bn_gate_up=64, bn_down=64, gemv_max_t=8, wg_hq=True, wg_tma=True, wg_slots=True, **_WG),
-    # session 10, CPU only: wgf = gate_up and down in one cooperative launch (``triton_moe_small_wgf``): the
-    # shipped T = 1 / T = 2 / T = 3-4 tiles without the kernel boundary
-    "wgf_d64_s2_qt": dict(bn_gate_up=64, bn_down=64, wg_split_down=2, wg_hq=True, wg_tma=True, wg_fused=True, **_WG),
-    "wgf2_d64_s2_qt": dict(bn_gate_up=64, bn_down=64, wg_split_down=2, gemv_max_t=2, wg_hq=True, wg_tma=True,
-                           wg_fused=True, **_WG),
-    "wgf8_d64_qt": dict(bn_gate_up=64, bn_down=64, gemv_max_t=8, wg_hq=True, wg_tma=True, wg_fused=True, **_WG),
-    # session 10 call 2: wgf_d64_s2_qt tied the two launches at T = 1 (34.7 vs 34.8 us); the down items idle from
-    # their gate_up item's end to the slowest tile of their h range: _pfN prefetches N of their 12 weight K blocks
-    # into L2 before that wait
-    "wgf_d64_s2_qt_pf4": dict(bn_gate_up=64, bn_down=64, wg_split_down=2, wg_hq=True, wg_tma=True, wg_fused=True,
-                              wg_prefetch=4, **_WG),
-    "wgf_d64_s2_qt_pf16": dict(bn_gate_up=64, bn_down=64, wg_split_down=2, wg_hq=True, wg_tma=True, wg_fused=True,
-                               wg_prefetch=16, **_WG),
-    # _pfe16: the whole first down item into L2 (evict_last) at the program's start, beside its gate_up item's
-    # stream (the one-launch pure read of both stages' bytes took 27.0 us vs 30.5 in two launches: run 8)
-    "wgf_d64_s2_qt_pfe16": dict(bn_gate_up=64, bn_down=64, wg_split_down=2, wg_hq=True, wg_tma=True, wg_fused=True,
-                                wg_prefetch=16, wg_prefetch_early=True, **_WG),
-    # session 10 call 3: the traces put every K step at ~0.7-0.85 us whatever the bytes' source (HBM or L2) and
-    # ring depth: the block scale loaded one step ahead is waited for in every step. _r: the range's scales loaded
-    # once before the loop (RS), the shipped T = 1 / 2 / 3-4 tiles and the fused T = 1 tile otherwise unchanged
-    "wg_d64_s2_qt_r": dict(bn_gate_up=64, bn_down=64, wg_split_down=2, wg_hq=True, wg_tma=True, wg_row_scales=True,
-                           **_WG),
-    "wg2_d64_s2_qtp_r": dict(bn_gate_up=64, bn_down=64, wg_split_down=2, gemv_max_t=2, wg_hq=True, wg_tma=True,
-                             pdl=True, wg_row_scales=True, **_WG),
-    "wg8_d64_qtp_r": dict(bn_gate_up=64, bn_down=64, gemv_max_t=8, wg_hq=True, wg_tma=True, pdl=True,
-                          wg_row_scales=True, **_WG),
-    "wgf_d64_s2_qt_r": dict(bn_gate_up=64, bn_down=64, wg_split_down=2, wg_hq=True, wg_tma=True, wg_fused=True,
-                            wg_row_scales=True, **_WG),
-    # session 10, call 5: T = 4 runs 1440 gate_up programs at 6 per SM (1.8 waves; the trace's start p90 29.6 us):
-    # a shallower ring fits more per SM (one wave at 11)
-    "wg8_d64_qtp_st3": dict(bn_gate_up=64, bn_down=64, gemv_max_t=8, wg_hq=True, wg_tma=True, pdl=True, wg_stages=3,
-                            **_WG),
+    # session 10 (call 5, bench/NOTES.md "Session 10"): a shallower TMA ring fits more programs per SM: T = 2 at 3
+    # stages (gate_up 27.7 KB, 8 per SM) 58.5 / 60.8 vs 61.8 / 63.9 us; T = 3-4 at 2 stages (19.5 KB, 11 per SM:
+    # the 1440 gate_up programs in one wave) 90.5 / 112.7 vs 95.8 / 114.6
     "wg2_d64_s2_qtp_st3": dict(bn_gate_up=64, bn_down=64, wg_split_down=2, gemv_max_t=2, wg_hq=True, wg_tma=True,
                                pdl=True, wg_stages=3, **_WG),
     "wg8_d64_qtp_st2": dict(bn_gate_up=64, bn_down=64, gemv_max_t=8, wg_hq=True, wg_tma=True, pdl=True, wg_stages=2,
                             **_WG),
-    "wgs8_d64_qt_r": dict(bn_gate_up=64, bn_down=64, gemv_max_t=8, wg_hq=True, wg_tma=True, wg_slots=True,
-                          wg_row_scales=True, **_WG),
 }
 
 
@@ -180,7 +149,7 @@ def _acc_dot(acc, w, b, sc, DOT_F32: tl.constexpr, HQ: tl.constexpr):
 @triton.jit
 def _row_dot8(w_src, e, row0, x_row, s_row, k_lo, k_hi, K, hs, BN: tl.constexpr, BK: tl.constexpr,
               BT: tl.constexpr, KP: tl.constexpr, X2: tl.constexpr, EVEN_K: tl.constexpr, DOT_F32: tl.constexpr,
-              HQ: tl.constexpr, TMA: tl.constexpr, RS: tl.constexpr = False):
+              HQ: tl.constexpr, TMA: tl.constexpr):
     """[BN] fp32 = sum over k in [k_lo, k_hi) of w[n, k] * x[k] (w: FP8 rows at ``w_src`` + k, the [BN, BK]
     pointers of k = 0, or with ``TMA`` a descriptor of the [E, N, K] weights read at [e, row0, k]: one bulk copy per
     tile, zeros past N and K; one block scale per step at ``s_row`` + k // 128; BK = 128; x: KP >= K). The weight
@@ -189,10 +158,7 @@ def _row_dot8(w_src, e, row0, x_row, s_row, k_lo, k_hi, K, hs, BN: tl.constexpr,
     ``HQ``: x_row is already e4m3 [2, K] (hi, lo rows of scale hs, hs / 16: ``_store_hq``): B [BT, BK] is loaded
     as a dot operand (rows 0 and BT / 2, the others masked: no bytes), through the same cp.async ring, and each
     step's dot is scaled by its block scale. Else the block scale is folded into the token before it is
-    quantized (x * ws / (s * max ws): the dots accumulate in place, no FMAs or wgmma wait per step).
-    ``RS``: the range's block scales loaded once before the loop (a [KP / BK] row), each step picks its own: no
-    global load waited for inside the loop (else one step ahead: the move that carries it into the next step
-    waits for it, a round trip per step whatever the ring depth; same values, same bits)."""
+    quantized (x * ws / (s * max ws): the dots accumulate in place, no FMAs or wgmma wait per step)."""
     r = tl.arange(0, BT)
     if HQ:
         s = hs
@@ -202,26 +168,18 @@ def _row_dot8(w_src, e, row0, x_row, s_row, k_lo, k_hi, K, hs, BN: tl.constexpr,
         v = _token_load(x_row, k_lo, K, BK)
     inv = 1.0 / s
     acc = tl.zeros((BN, BT), dtype=tl.float32)
-    if RS:
-        qs = tl.arange(0, KP // BK)
-        srow = tl.load(s_row + k_lo // BK + qs, mask=k_lo + qs * BK < k_hi, other=0.0)
-    else:
-        ws = tl.load(s_row + k_lo // BK, mask=k_lo < k_hi, other=0.0)
+    ws = tl.load(s_row + k_lo // BK, mask=k_lo < k_hi, other=0.0)
     for k in range(k_lo, k_hi, BK):
         w = _weight_tile(w_src, e, row0, k, K, BN, BK, EVEN_K, TMA)
-        if RS:
-            sc = tl.sum(tl.where(qs == (k - k_lo) // BK, srow, 0.0), 0)
-        else:
-            sc = ws
         if HQ:
             offs = k + tl.arange(0, BK)
             b = tl.trans(tl.load(x_row + (r // (BT // 2))[:, None] * K + offs[None, :],
                                  mask=((r % (BT // 2)) == 0)[:, None] & (offs < K)[None, :], other=0.0))
         else:
-            b = _token_tile(v * sc, inv, X2, BK, BT)
+            b = _token_tile(v * ws, inv, X2, BK, BT)
             v = _token_load(x_row, k + BK, K, BK)   # next step's (past K: zeros, no bytes)
-        if not RS:
-            ws = tl.load(s_row + (k + BK) // BK, mask=k + BK < k_hi, other=0.0)
+        sc = ws
+        ws = tl.load(s_row + (k + BK) // BK, mask=k + BK < k_hi, other=0.0)
         acc = _acc_dot(acc, w, b, sc, DOT_F32, HQ)
     return tl.sum(acc * tl.where(r == 0, s, tl.where(r == BT // 2, s / 16.0, 0.0))[None, :], 1)
 
@@ -283,7 +241,7 @@ def wg_gate_up_kernel(x_ptr, ids_ptr, w_ptr, s_ptr, b_ptr, h_ptr, K, N, P, offse
                       TOPK: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr, BT: tl.constexpr, X2: tl.constexpr,
                       KP: tl.constexpr, EVEN_K: tl.constexpr, DOT_F32: tl.constexpr, HQ: tl.constexpr,
                       TMA: tl.constexpr = False, PDL: tl.constexpr = False, trace_ptr=None,
-                      TRACE: tl.constexpr = False, RS: tl.constexpr = False):
+                      TRACE: tl.constexpr = False):
     trigger(PDL)   # the down grid (launch_pdl) may start; it waits for this grid before reading h
     pid = tl.program_id(0)
     _stamp(trace_ptr, pid, 0, TRACE)
@@ -299,8 +257,7 @@ def wg_gate_up_kernel(x_ptr, ids_ptr, w_ptr, s_ptr, b_ptr, h_ptr, K, N, P, offse
     w_src, s_row = _expert_tiles(w_ptr, s_ptr, e64, rows_c, tile, stride_we, stride_wn, stride_se, stride_sn, BN, BK,
                                  TMA)
     x_row = x_ptr + (j // TOPK).to(tl.int64) * stride_x
-    v = _row_dot8(w_src, e, tile * BN, x_row, s_row, 0, K, K, hs, BN, BK, BT, KP, X2, EVEN_K, DOT_F32, False, TMA,
-                  RS)
+    v = _row_dot8(w_src, e, tile * BN, x_row, s_row, 0, K, K, hs, BN, BK, BT, KP, X2, EVEN_K, DOT_F32, False, TMA)
     v = (v + tl.load(b_ptr + e64 * stride_be + rows_c).to(tl.float32)).to(tl.bfloat16).to(tl.float32)
     gate, up = tl.split(tl.reshape(v, (BN // 2, 2)))
     h = clamped_swiglu(gate, up, limit, alpha)
@@ -318,7 +275,7 @@ def wg_down_kernel(h_ptr, ids_ptr, wt_ptr, w_ptr, s_ptr, b_ptr, y_ptr, out_ptr, 
                    TOPK: tl.constexpr, PB: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr, BT: tl.constexpr,
                    KP: tl.constexpr, X2: tl.constexpr, SPLIT: tl.constexpr, EVEN_K: tl.constexpr, DOT_F32: tl.constexpr,
                    HQ: tl.constexpr, TMA: tl.constexpr = False, PDL: tl.constexpr = False, trace_ptr=None,
-                   TRACE: tl.constexpr = False, RS: tl.constexpr = False):
+                   TRACE: tl.constexpr = False):
     pid = tl.program_id(0)
     _stamp(trace_ptr, pid, 0, TRACE)
     _stamp(trace_ptr, pid, 2, TRACE)
@@ -344,7 +301,7 @@ def wg_down_kernel(h_ptr, ids_ptr, wt_ptr, w_ptr, s_ptr, b_ptr, y_ptr, out_ptr, 
     per = tl.cdiv(tl.cdiv(K, BK), SPLIT) * BK
     k_lo = sp * per
     acc = _row_dot8(w_src, e, tile * BN, h_ptr + j * stride_h, s_row, k_lo, tl.minimum(k_lo + per, K), K, hs, BN,
-                    BK, BT, KP, X2, EVEN_K, DOT_F32, HQ, TMA, RS)
+                    BK, BT, KP, X2, EVEN_K, DOT_F32, HQ, TMA)
     if sp == 0:
         acc += tl.load(b_ptr + e64 * stride_be + rows_c).to(tl.float32)
     y = acc * tl.load(wt_ptr + j).to(tl.float32)
@@ -395,11 +352,6 @@ def _trace(run, stage: int) -> dict:
     return dict(trace_ptr=run.trace[stage], TRACE=True) if run.trace is not None else {}
 
 
-def _rs(t) -> dict:
-    """RS (``SplitTiles.wg_row_scales``) only when set: the shipped tiles' launches keep their arguments."""
-    return dict(RS=True) if t.wg_row_scales else {}
-
-
 def launch_gate_up(run, alpha: float, dot_f32: bool) -> None:
     """gate_up of a ``MoeSplit`` (``run``) on ``wg_gate_up_kernel``: P * ceil(2I / BN) programs."""
     ex, t = run.ex, run.tiles
@@ -410,8 +362,7 @@ def launch_gate_up(run, alpha: float, dot_f32: bool) -> None:
         run.x, run.ids, _weights(w, t.bn_gate_up, _tma(run, w)), s, b, h, run.H, 2 * run.I, run.P, run.offset, run.E, run.x.stride(0), w.stride(0),
         w.stride(1), s.stride(0), s.stride(1), b.stride(0), h.stride(0), run.limit, alpha, _h_scale(run),
         TOPK=run.k, BN=t.bn_gate_up, BK=128, BT=16, KP=triton.next_power_of_2(run.H), X2=t.wg, EVEN_K=run.H % 128 == 0, DOT_F32=dot_f32,
-        HQ=t.wg_hq, TMA=_tma(run, w), PDL=run.pdl, num_warps=t.warps, num_stages=t.wg_stages, **_trace(run, 0),
-        **_rs(t))
+        HQ=t.wg_hq, TMA=_tma(run, w), PDL=run.pdl, num_warps=t.warps, num_stages=t.wg_stages, **_trace(run, 0))
 
 
 def launch_down(run, dot_f32: bool) -> None:
@@ -424,4 +375,4 @@ def launch_down(run, dot_f32: bool) -> None:
         run.offset, run.E, h.stride(0), w.stride(0), w.stride(1), s.stride(0), s.stride(1), b.stride(0),
         run.out.stride(0), _h_scale(run), TOPK=run.k, PB=run.pb, BN=t.bn_down, BK=128, BT=16, KP=triton.next_power_of_2(run.I), X2=t.wg, SPLIT=run.s2,
         EVEN_K=run.I % 128 == 0, DOT_F32=dot_f32, HQ=t.wg_hq, TMA=_tma(run, w), PDL=run.pdl,
-        num_warps=t.warps_down or t.warps, num_stages=t.wg_stages, **run._pdl_launch(), **_trace(run, 1), **_rs(t))
+        num_warps=t.warps_down or t.warps, num_stages=t.wg_stages, **run._pdl_launch(), **_trace(run, 1))

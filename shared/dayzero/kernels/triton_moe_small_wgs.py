@@ -19,7 +19,7 @@ import triton.language as tl
 from .triton_moe_small_pdl import trigger, wait
 from .triton_moe_small_route import _local_ids, _rows, _slot, _touched
 from .triton_moe_small_split_kernels import _combine_rows, _ticket
-from .triton_moe_small_wg import FP8_MAX, _acc_dot, _expert_tiles, _h_scale, _hq, _rs, _tma, _weight_tile, _weights
+from .triton_moe_small_wg import FP8_MAX, _acc_dot, _expert_tiles, _h_scale, _hq, _tma, _weight_tile, _weights
 from .triton_swiglu import clamped_swiglu
 
 TS = tl.constexpr(8)   # tokens a slot can carry: B columns 0-7 (hi) and 8-15 (lo)
@@ -65,21 +65,16 @@ def _tokens_tile(v, inv, BK: tl.constexpr):
 @triton.jit
 def _slot_dot(w_src, e, row0, x_ptr, xrow, ok, stride_x, s_row, k_lo, k_hi, K, BN: tl.constexpr,
               BK: tl.constexpr, KP: tl.constexpr, EVEN_K: tl.constexpr, DOT_F32: tl.constexpr, HQ: tl.constexpr,
-              TMA: tl.constexpr, RS: tl.constexpr = False):
+              TMA: tl.constexpr):
     """[BN, 16] fp32 dots of the weight rows [row0, row0 + BN) of expert e over k in [k_lo, k_hi) with the slot's
     tokens (``_row_dot8`` of the wg kernels, 8 tokens wide), one column per token: [BN, TS]. x rows at x_ptr +
     xrow * stride_x (``ok``: valid). ``HQ``: x is h as e4m3, row xrow holding hi at [0, K) and lo at [K, 2K), xrow /
     ok [16] per B column (``_slot_cols``); each step's dot is scaled by its block scale, the caller scales by hs.
     Else x is bf16, xrow / ok [TS]: a scale per token (row max / 448 x the largest block scale) and the block
-    scale folded into the token before it is quantized. ``RS``: the range's block scales loaded once before the
-    loop (``triton_moe_small_wg._row_dot8``'s RS)."""
+    scale folded into the token before it is quantized."""
     c = tl.arange(0, 2 * TS)
     acc = tl.zeros((BN, 2 * TS), dtype=tl.float32)
-    if RS:
-        qs = tl.arange(0, KP // BK)
-        srow = tl.load(s_row + k_lo // BK + qs, mask=k_lo + qs * BK < k_hi, other=0.0)
-    else:
-        ws = tl.load(s_row + k_lo // BK, mask=k_lo < k_hi, other=0.0)
+    ws = tl.load(s_row + k_lo // BK, mask=k_lo < k_hi, other=0.0)
     if HQ:
         s = tl.full((TS,), 1.0, tl.float32)
         brow = xrow.to(tl.int64) * stride_x + (c // TS) * K   # [16] row starts: hi of token c % 8, then lo
@@ -99,21 +94,17 @@ def _slot_dot(w_src, e, row0, x_ptr, xrow, ok, stride_x, s_row, k_lo, k_hi, K, B
                     mask=ok[:, None] & (offs < K)[None, :], other=0.0).to(tl.float32)
     for k in range(k_lo, k_hi, BK):
         w = _weight_tile(w_src, e, row0, k, K, BN, BK, EVEN_K, TMA)
-        if RS:
-            sc = tl.sum(tl.where(qs == (k - k_lo) // BK, srow, 0.0), 0)
-        else:
-            sc = ws
         if HQ:
             offs = k + tl.arange(0, BK)
             b = tl.trans(tl.load(x_ptr + brow[:, None] + offs[None, :], mask=ok[:, None] & (offs < K)[None, :],
                                  other=0.0))
         else:
-            b = _tokens_tile(v * sc, inv, BK)
+            b = _tokens_tile(v * ws, inv, BK)
             offs = k + BK + tl.arange(0, BK)   # next step's tokens (past K: zeros, no bytes)
             v = tl.load(x_ptr + xrow.to(tl.int64)[:, None] * stride_x + offs[None, :],
                         mask=ok[:, None] & (offs < K)[None, :], other=0.0).to(tl.float32)
-        if not RS:
-            ws = tl.load(s_row + (k + BK) // BK, mask=k + BK < k_hi, other=0.0)
+        sc = ws
+        ws = tl.load(s_row + (k + BK) // BK, mask=k + BK < k_hi, other=0.0)
         acc = _acc_dot(acc, w, b, sc, DOT_F32, HQ)
     hi, lo = _halves(acc, BN)
     return (hi + lo / 16.0) * s[None, :]   # [BN, TS]: one column per token of the slot
@@ -123,8 +114,7 @@ def _slot_dot(w_src, e, row0, x_ptr, xrow, ok, stride_x, s_row, k_lo, k_hi, K, B
 def wgs_gate_up_kernel(x_ptr, ids_ptr, w_ptr, s_ptr, b_ptr, h_ptr, K, N, P, offset, E, stride_x, stride_we,
                        stride_wn, stride_se, stride_sn, stride_be, stride_h, limit, alpha, hs,
                        TOPK: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr, KP: tl.constexpr, PB: tl.constexpr,
-                       EVEN_K: tl.constexpr, DOT_F32: tl.constexpr, TMA: tl.constexpr, PDL: tl.constexpr,
-                       RS: tl.constexpr = False):
+                       EVEN_K: tl.constexpr, DOT_F32: tl.constexpr, TMA: tl.constexpr, PDL: tl.constexpr):
     trigger(PDL)   # the down grid (launch_pdl) may start; it waits for this grid before reading h
     pid = tl.program_id(0)
     s = pid % P
@@ -138,7 +128,7 @@ def wgs_gate_up_kernel(x_ptr, ids_ptr, w_ptr, s_ptr, b_ptr, h_ptr, K, N, P, offs
     w_src, s_row = _expert_tiles(w_ptr, s_ptr, e64, rows_c, tile, stride_we, stride_wn, stride_se, stride_sn, BN, BK,
                                  TMA)
     v = _slot_dot(w_src, e, tile * BN, x_ptr, pair // TOPK, ok, stride_x, s_row, 0, K, K, BN, BK, KP, EVEN_K,
-                  DOT_F32, False, TMA, RS)                                                # [BN, TS]
+                  DOT_F32, False, TMA)                                                    # [BN, TS]
     v = (v + tl.load(b_ptr + e64 * stride_be + rows_c).to(tl.float32)[:, None]).to(tl.bfloat16).to(tl.float32)
     gate, up = tl.split(tl.permute(tl.reshape(v, (BN // 2, 2, TS)), (0, 2, 1)))          # [BN / 2, TS] each
     t = clamped_swiglu(gate, up, limit, alpha) / hs
@@ -155,7 +145,7 @@ def wgs_down_kernel(h_ptr, ids_ptr, wt_ptr, w_ptr, s_ptr, b_ptr, y_ptr, out_ptr,
                     offset, E, stride_h, stride_we, stride_wn, stride_se, stride_sn, stride_be, stride_o, hs,
                     TOPK: tl.constexpr, PB: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr, KP: tl.constexpr,
                     SPLIT: tl.constexpr, EVEN_K: tl.constexpr, DOT_F32: tl.constexpr, TMA: tl.constexpr,
-                    PDL: tl.constexpr, TK: tl.constexpr, RS: tl.constexpr = False):
+                    PDL: tl.constexpr, TK: tl.constexpr):
     pid = tl.program_id(0)
     sp = pid % SPLIT
     tile = (pid // SPLIT) % n_tiles
@@ -179,7 +169,7 @@ def wgs_down_kernel(h_ptr, ids_ptr, wt_ptr, w_ptr, s_ptr, b_ptr, y_ptr, out_ptr,
     k_lo = sp * per
     pair16, ok16 = _slot_cols(ids_ptr, e, P, offset, PB)
     acc = _slot_dot(w_src, e, tile * BN, h_ptr, pair16, ok16, stride_h, s_row, k_lo, tl.minimum(k_lo + per, K), K,
-                    BN, BK, KP, EVEN_K, DOT_F32, True, TMA, RS) * hs                          # [BN, TS]
+                    BN, BK, KP, EVEN_K, DOT_F32, True, TMA) * hs                          # [BN, TS]
     if sp == 0:
         acc += tl.load(b_ptr + e64 * stride_be + rows_c).to(tl.float32)[:, None]
     y = acc * tl.load(wt_ptr + pair, mask=ok, other=0.0).to(tl.float32)[None, :]
@@ -207,7 +197,7 @@ def launch_gate_up(run, alpha: float, dot_f32: bool) -> None:
         run.x.stride(0), w.stride(0), w.stride(1), s.stride(0), s.stride(1), b.stride(0), h.stride(0), run.limit,
         alpha, _h_scale(run), TOPK=run.k, BN=t.bn_gate_up, BK=128, KP=triton.next_power_of_2(run.H), PB=run.pb,
         EVEN_K=run.H % 128 == 0, DOT_F32=dot_f32, TMA=_tma(run, w), PDL=run.pdl, num_warps=t.warps,
-        num_stages=t.wg_stages, **_rs(t))
+        num_stages=t.wg_stages)
 
 
 def launch_down(run, dot_f32: bool) -> None:
@@ -221,4 +211,4 @@ def launch_down(run, dot_f32: bool) -> None:
         s.stride(1), b.stride(0), run.out.stride(0), _h_scale(run), TOPK=run.k, PB=run.pb, BN=t.bn_down, BK=128,
         KP=triton.next_power_of_2(run.I), SPLIT=run.s2, EVEN_K=run.I % 128 == 0, DOT_F32=dot_f32, TMA=_tma(run, w),
         PDL=run.pdl, TK=triton.next_power_of_2(run.k), num_warps=t.warps_down or t.warps, num_stages=t.wg_stages,
-        **run._pdl_launch(), **_rs(t))
+        **run._pdl_launch())
