@@ -18,7 +18,7 @@ cd "$(dirname "$0")/.."
 export PYTHONPATH="shared${PYTHONPATH:+:$PYTHONPATH}"
 OUT="${OUT:-out}"
 mkdir -p "$OUT"
-area="${1:?usage: bench/candidates.sh attention|moe|peers|fi|fi10|s9a|s9b}"
+area="${1:?usage: bench/candidates.sh attention|moe|peers|fi|fi10|s9a|s9b|s11a}"
 rc=0
 part() {  # part NAME DEADLINE_S CMD...
   local name=$1 cap=$2; shift 2
@@ -95,6 +95,11 @@ case "$area" in
     wait "$fi_pid"; echo "FlashInfer builds rc=$? ($(date -u +%H:%M:%S))" | tee -a "$OUT/candidates.log"
     tail -n 6 "$OUT/fi-build/build.log" >> "$OUT/candidates.log"
     tar czf "$OUT/fi-build.tgz" -C "$OUT" fi-build && rm -rf "$OUT/fi-build" ;;
+  s11a)
+    # built in session 10 after the device time (NOTES "Session 10, lead (CPU only, after the device time)"): the slot
+    # kernels of T = 5-8 with shallower rings beside the shipped wgs8_d64_qt, tests, pick (-> engine tests, rows)
+    part moe-wgs-st 300 env WG_STEPS=bench,tests,pick WG_TS=8 WG_BENCH_S=90 WG_TEST_S=100 \
+      WG_T8=wgs8_d64_qt,wgs8_d64_qt_st3,wgs8_d64_qt_st2 bash bench/moe/run_wg.sh ;;
   fi)
     source bench/peers_install.sh >> "$OUT/candidates.log" 2>&1
     part fi-build "${FI_BUILD_S:-300}" python3 bench/attention/flashinfer_compare.py --out "$OUT/fi-build" --build-only \
@@ -109,7 +114,7 @@ case "$area" in
     # HF transformers at its fastest beside the engine on the same 20B weights (logits at 2048 tokens: cosine and
     # top-1; prefill 8192; decode batch 1 / 64; per-op breakdown), on this commit's defaults
     part peers-hf 240 env PEERS_FI=0 PEERS_HF_S=230 bash bench/peers_run.sh ;;
-  *) echo "unknown area $area (attention|moe|peers|fi|fi10|s9a|s9b)"; exit 2 ;;
+  *) echo "unknown area $area (attention|moe|peers|fi|fi10|s9a|s9b|s11a)"; exit 2 ;;
 esac
 sed -i -E "s#$(pwd)/#<repo>/#g; s#/(root|tmp)/[^ :]*#<path>#g" "$OUT/candidates.log"
 echo "candidates $area: rc=$rc" | tee -a "$OUT/candidates.log"

@@ -84,6 +84,11 @@ WG_VARIANTS = {
                                pdl=True, wg_stages=3, **_WG),
     "wg8_d64_qtp_st2": dict(bn_gate_up=64, bn_down=64, gemv_max_t=8, wg_hq=True, wg_tma=True, pdl=True, wg_stages=2,
                             **_WG),
+    # session 10, CPU only (not yet timed): the same lever on the slot kernels of T = 5-8
+    "wgs8_d64_qt_st3": dict(bn_gate_up=64, bn_down=64, gemv_max_t=8, wg_hq=True, wg_tma=True, wg_slots=True,
+                            wg_stages=3, **_WG),
+    "wgs8_d64_qt_st2": dict(bn_gate_up=64, bn_down=64, gemv_max_t=8, wg_hq=True, wg_tma=True, wg_slots=True,
+                            wg_stages=2, **_WG),
 }
 
 
