@@ -111,8 +111,6 @@ def main() -> int:
             for tile in filter(None, a.tiles.split(",")):
                 if VARIANTS[tile].gemv_max_t >= T:
                     res.section(f"wg_trace {name} T={T} {tile}", one_case, name, T, tile)
-    for name in a.models.split(","):
-        for T in (int(t) for t in a.ts.split(",")):
             if not default_tiles(T * 4, EXPERTS[name]).wg or default_tiles(T * 4, EXPERTS[name]).wg_slots:
                 print(f"wg_trace {name} T={T}: the shipped tiles there are not the per-pair wg kernels; skipped")
                 continue
