@@ -19,6 +19,7 @@ def main() -> int:
     ap.add_argument("variants", nargs="*", default=["gx_s20", "gx_s20_o1", "gx_s12"])
     ap.add_argument("--dump", default=None)
     ap.add_argument("--sms", type=int, default=132)
+    ap.add_argument("--trace", action="store_true", help="the TRACE build (bench/moe/stream_trace.py)")
     args = ap.parse_args()
     import torch
     from sm90 import build_sm90
@@ -42,6 +43,8 @@ def main() -> int:
                    limit="fp32", alpha="fp32", hs="fp32", w1_desc=f"tensordesc<fp8e4nv[64, 128],{wl!r}>",
                    w2_desc=f"tensordesc<fp8e4nv[64, 128],{wl!r}>")
         consts["num_warps"] = 4
+        consts["TRACE"] = args.trace
+        sig["trace_ptr"] = "*i64"
         sig.update({k: "constexpr" for k in consts})
         attrs = {(kern.arg_names.index(n), ): [["tt.divisibility", 16]]
                  for n in ("x_ptr", "h_ptr", "part_ptr", "out_ptr", "b1_ptr", "b2_ptr", "H", "I")}

@@ -49,6 +49,20 @@ F_SCALE = gl.constexpr(7)  # block scale (fp32 bits)
 
 
 @gluon.jit
+def _clk(TRACE: gl.constexpr, NS_: gl.constexpr = False):
+    """TRACE: %clock64 (cycles) or, with NS_, %globaltimer (ns); else 0."""
+    if TRACE:
+        if NS_:
+            v = gl.inline_asm_elementwise("mov.u64 $0, %globaltimer;", "=l", [], dtype=gl.int64, is_pure=False,
+                                          pack=1)
+        else:
+            v = gl.inline_asm_elementwise("mov.u64 $0, %clock64;", "=l", [], dtype=gl.int64, is_pure=False, pack=1)
+    else:
+        v = 0
+    return v
+
+
+@gluon.jit
 def _cta_of(s, W, G):
     """The CTA holding step s of a stream of W steps cut into [c W / G, (c + 1) W / G)."""
     return ((s + 1) * G + W - 1) // W - 1
@@ -289,9 +303,10 @@ def moe_stream_kernel(x_ptr, ids_ptr, wt_ptr, w1_desc, s1_ptr, b1_ptr, w2_desc, 
                       stride_be1, stride_be2, limit, alpha, hs,
                       KS: gl.constexpr, KSC: gl.constexpr, HP: gl.constexpr, NS: gl.constexpr, SEGP: gl.constexpr,
                       PB: gl.constexpr, MAXP: gl.constexpr, STAGES: gl.constexpr, ORDER: gl.constexpr,
-                      num_warps: gl.constexpr):
+                      num_warps: gl.constexpr, trace_ptr=None, TRACE: gl.constexpr = False):
     """One CTA per SM (cooperative grid G): the walk of ``_plan``, consumed step by step while the TMA ring runs
     STAGES steps ahead of it. cnt_ptr (int32): P * NT1 gate_up tickets, NT2 down tickets, P pair counts, done."""
+    ts0 = _clk(TRACE, True)
     c = gl.program_id(0)
     G = gl.num_programs(0)
     NT1 = gl.cdiv(2 * I, BN)
@@ -336,6 +351,12 @@ def moe_stream_kernel(x_ptr, ids_ptr, wt_ptr, w1_desc, s1_ptr, b1_ptr, w2_desc, 
             rz = t * BN + gl.arange(0, BN, lz)
             gl.store(out_ptr + rz, gl.zeros([BN], gl.float32, lz).to(out_ptr.dtype.element_ty), mask=rz < H)
     acc = gl.zeros([BN, 8], gl.float32, mma)
+    tl0 = _clk(TRACE, True)
+    cyc_cnt = _clk(TRACE) * 0
+    cyc_ready = cyc_cnt
+    cyc_mma = cyc_cnt
+    cyc_issue = cyc_cnt
+    cyc_epi = cyc_cnt
     for g in range(total):
         st = g % STAGES
         row = info_smem.index(g).load(l8)
@@ -344,11 +365,14 @@ def moe_stream_kernel(x_ptr, ids_ptr, wt_ptr, w1_desc, s1_ptr, b1_ptr, w2_desc, 
         j = _field(row, F_PAIR, l8)
         pos = _field(row, F_POS, l8)
         s = _field(row, F_STEP, l8)
+        t0 = _clk(TRACE)
         if kind == 1:
             if pos % SEGP == 0:                       # a down chunk starts: its pair's h complete, then its B rows
                 _wait_count(pc_ptr + j, NT1)
                 _h_chunk(bh2, h_ptr, j, s, gl.minimum((flags >> 2) - pos, SEGP), I, KS, SEGP, num_warps)
+        t1 = _clk(TRACE)
         mbarrier.wait(ready.index(st), (g // STAGES) & 1)
+        t2 = _clk(TRACE)
         if kind == 0:
             d = warpgroup_mma(ring.index(st), bx.index(s % KS).permute((1, 0)), gl.zeros([BN, 8], gl.float32, mma),
                               use_acc=False, is_async=True)
@@ -357,8 +381,10 @@ def moe_stream_kernel(x_ptr, ids_ptr, wt_ptr, w1_desc, s1_ptr, b1_ptr, w2_desc, 
                               gl.zeros([BN, 8], gl.float32, mma), use_acc=False, is_async=True)
         d = warpgroup_mma_wait(0, deps=(d, ))
         acc += d * _field(row, F_SCALE, l8).to(gl.float32, bitcast=True)
+        t3 = _clk(TRACE)
         gl.thread_barrier()                           # every warp's wgmma read slot st before its refill
         _issue(info_smem, ring, ready, w1_desc, w2_desc, g + STAGES, total, KS, STAGES, l8)
+        t4 = _clk(TRACE)
         if ((flags >> 1) & 1) != 0:                   # the tile's last step here: its partial, the ticket
             tile = s // KS
             part = _field(row, F_PART, l8)
@@ -383,6 +409,22 @@ def moe_stream_kernel(x_ptr, ids_ptr, wt_ptr, w1_desc, s1_ptr, b1_ptr, w2_desc, 
                     _finish_down(part2, tick, ev, wt_ptr, b2_ptr, out_ptr, tile, parts, P, E, NT2, H, stride_be2, PB,
                                  MAXP, num_warps)
             acc = gl.zeros([BN, 8], gl.float32, mma)
+        t5 = _clk(TRACE)
+        cyc_cnt += t1 - t0
+        cyc_ready += t2 - t1
+        cyc_mma += t3 - t2
+        cyc_issue += t4 - t3
+        cyc_epi += t5 - t4
+    if TRACE:   # diagnostic (bench/moe/stream_trace.py): ns start / loop / end, cycles per section of the loop
+        tp = trace_ptr + c.to(gl.int64) * 8
+        gl.store(tp, ts0)
+        gl.store(tp + 1, tl0)
+        gl.store(tp + 2, _clk(TRACE, True))
+        gl.store(tp + 3, cyc_cnt)
+        gl.store(tp + 4, cyc_ready)
+        gl.store(tp + 5, cyc_mma)
+        gl.store(tp + 6, cyc_issue)
+        gl.store(tp + 7, cyc_epi)
     gl.thread_barrier()
     if gl.atomic_add(done_ptr, 1, sem="acq_rel", scope="gpu") == G - 1:   # the last CTA: every wait has passed
         lr: gl.constexpr = gl.BlockedLayout([PB], [32], [num_warps], [0])
@@ -431,7 +473,8 @@ def _desc(w, E_N: int, K: int):
 
 
 def launch_stream(run, shape: dict, G: int, alpha: float) -> None:
-    """The whole MoE of ``run`` (a ``MoeSplit`` at T = 1): one cooperative launch of G CTAs into run.out."""
+    """The whole MoE of ``run`` (a ``MoeSplit`` at T = 1): one cooperative launch of G CTAs into run.out.
+    ``run.trace`` (diagnostic, ``bench/moe/stream_trace.py``): an int64 [G, 8] buffer for the kernel's TRACE."""
     import torch
 
     ex = run.ex
@@ -450,4 +493,5 @@ def launch_stream(run, shape: dict, G: int, alpha: float) -> None:
         run.x, run.ids, run.weights, _desc(w1, E * 2 * I, H), s1, ex.gate_up_bias, _desc(w2, E * H, I), s2,
         ex.down_bias, run.h.view(torch.float8_e4m3fn), run.stream_part, cnt, run.out, H, I, P, run.offset, E,
         s1.stride(0), s1.stride(1), s2.stride(0), s2.stride(1), ex.gate_up_bias.stride(0), ex.down_bias.stride(0),
-        run.limit, alpha, (run.limit + 1.0) * run.limit / 448.0, num_warps=4, launch_cooperative_grid=True, **consts)
+        run.limit, alpha, (run.limit + 1.0) * run.limit / 448.0, num_warps=4, launch_cooperative_grid=True, **consts,
+        **(dict(trace_ptr=run.trace, TRACE=True) if run.trace is not None else {}))
