@@ -102,15 +102,14 @@ case "$area" in
       WG_T8=wgs8_d64_qt,wgs8_d64_qt_st3,wgs8_d64_qt_st2 bash bench/moe/run_wg.sh ;;
   s11b)
     # session 11: T = 1 in one persistent Gluon launch (gluon_moe_stream, NOTES "Session 11"): a first test, the
-    # timing beside the shipped wg_d64_s2_qt, the whole test file; then s11a's slot-kernel rings (timing only)
+    # timing beside the shipped wg_d64_s2_qt, the per-CTA trace, the whole test file
     part stream-smoke 90 python3 -m pytest -q -x -p no:cacheprovider --noconftest -o addopts="" \
-      "tests/kernels/test_moe_stream_gpu.py::test_stream_vs_reference[20b-gx_s20]"
-    part stream-bench 150 env WG_STEPS=bench WG_TS=1 WG_BENCH_S=120 WG_T1=wg_d64_s2_qt,gx_s20,gx_s20_o1,gx_s12 \
+      "tests/kernels/test_moe_stream_gpu.py::test_stream_vs_reference[20b-gx2_s8]"
+    part stream-bench 150 env WG_STEPS=bench WG_TS=1 WG_BENCH_S=120 WG_T1=wg_d64_s2_qt,gx1_s20,gx2_s8,gx3_s4 \
       bash bench/moe/run_wg.sh
-    part stream-tests 150 python3 -m pytest -q -n 3 -p no:cacheprovider --noconftest -o addopts="" \
-      tests/kernels/test_moe_stream_gpu.py --junitxml "$OUT/stream-tests/stream-tests.xml"
-    part moe-wgs-st 120 env WG_STEPS=bench WG_TS=8 WG_BENCH_S=100 WG_T8=wgs8_d64_qt,wgs8_d64_qt_st3,wgs8_d64_qt_st2 \
-      bash bench/moe/run_wg.sh ;;
+    part stream-trace 90 python3 bench/moe/stream_trace.py --out "$OUT/stream-trace"
+    part stream-tests 240 python3 -m pytest -q -n 3 -p no:cacheprovider --noconftest -o addopts="" \
+      -o faulthandler_timeout=100 tests/kernels/test_moe_stream_gpu.py --junitxml "$OUT/stream-tests/stream-tests.xml" ;;
   fi)
     source bench/peers_install.sh >> "$OUT/candidates.log" 2>&1
     part fi-build "${FI_BUILD_S:-300}" python3 bench/attention/flashinfer_compare.py --out "$OUT/fi-build" --build-only \

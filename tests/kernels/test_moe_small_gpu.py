@@ -192,7 +192,7 @@ def _split_variants():
 
 
 def _tickets_zero(q: ExpertWeights) -> bool:
-    return all(int(v.abs().sum()) == 0 for k, v in q.derived.items() if k.startswith(("moe_split_tickets", "moe_stream_counts")))
+    return all(int(v.abs().sum()) == 0 for k, v in q.derived.items() if k.startswith("moe_split_tickets"))
 
 
 SPLIT_TS = [1, 2, 7, 16, 33, 64] if DEV == "cuda" else [1, 5, 9]

@@ -168,45 +168,85 @@ def _scales(info, s1_ptr, s2_ptr, stride_se1, stride_sn1, stride_se2, stride_sn2
 
 
 @gluon.jit
-def _token(bx, x_ptr, H, KSC: gl.constexpr, HP: gl.constexpr, num_warps: gl.constexpr):
-    """B of the gate_up steps: bx [KSC * 64, 128] e4m3 (8 rows a step), step k's rows 0 / 1 = hi / lo of x[k * 128 : + 128] / s;
-    returns s = max |x| / 448."""
+def _xscale(x_ptr, H, HP: gl.constexpr, num_warps: gl.constexpr):
+    """s = max |x| / 448 over the token (T = 1)."""
     lx: gl.constexpr = gl.BlockedLayout([HP // (32 * num_warps)], [32], [num_warps], [0])
     ox = gl.arange(0, HP, lx)
-    s = gl.maximum(gl.max(gl.abs(gl.load(x_ptr + ox, mask=ox < H, other=0.0).to(gl.float32)), axis=0), 1e-30) / FP8_MAX
+    return gl.maximum(gl.max(gl.abs(gl.load(x_ptr + ox, mask=ox < H, other=0.0).to(gl.float32)), axis=0),
+                      1e-30) / FP8_MAX
+
+
+@gluon.jit
+def _token(bx, x_ptr, H, s, KSC: gl.constexpr, num_warps: gl.constexpr):
+    """B of the gate_up steps: bx [KSC * 64, 128] e4m3 (8 rows a step), step k's rows 0 / 1 = hi / lo of
+    x[k * 128 : + 128] / s (rows 2-7 zero)."""
     lb: gl.constexpr = gl.BlockedLayout([1, 16], [4, 8], [num_warps, 1], [1, 0])
     r = gl.expand_dims(gl.arange(0, 64, gl.SliceLayout(1, lb)), 1)                # 8 steps x 8 rows
     cc = gl.expand_dims(gl.arange(0, 128, gl.SliceLayout(0, lb)), 0)
-    bl: gl.constexpr = gl.NVMMASharedLayout(swizzle_byte_width=128, element_bitwidth=8, rank=2)
     for ch in gl.static_range(KSC):
         kx = (ch * 8 + r // 8) * 128 + cc
         v = gl.load(x_ptr + kx, mask=((r % 8) < 2) & (kx < H), other=0.0).to(gl.float32) / s
         hi = v.to(gl.float8e4nv).to(gl.float32)
         b = gl.where((r % 8) == 0, hi, (v - hi) * 16.0).to(gl.float8e4nv)
         bx.slice(ch * 64, 64).store(b)
-    return s
 
 
 @gluon.jit
-def _wait_count(ptr, target):
-    """Spin until the count at ptr reaches target (acquire: the counted tiles' h stores are visible after)."""
-    while gl.atomic_add(ptr, 0, sem="acquire", scope="gpu") < target:
-        pass
-    gl.thread_barrier()
+def _pack(v, tag):
+    """fp32 values -> int64 words (tag << 32 | bits): a word is its own ready flag (no fence, no counter)."""
+    return (v.to(gl.int32, bitcast=True).to(gl.int64) & 0xFFFFFFFF) | (tag.to(gl.int64) << 32)
 
 
 @gluon.jit
-def _h_chunk(bh, h_ptr, j, s0, n, I, KS: gl.constexpr, SEGP: gl.constexpr, num_warps: gl.constexpr):
-    """B of n <= SEGP down steps from stage step s0: bh [SEGP * 8, 128] (8 rows a step), rows 0 / 1 = h[j]'s hi / lo at K step
-    (s0 + i) % KS (L2 loads: other CTAs wrote them)."""
-    lb: gl.constexpr = gl.BlockedLayout([1, 16], [4, 8], [num_warps, 1], [1, 0])
-    r = gl.expand_dims(gl.arange(0, SEGP * 8, gl.SliceLayout(1, lb)), 1)
-    cc = gl.expand_dims(gl.arange(0, 128, gl.SliceLayout(0, lb)), 0)
-    kk = ((s0 + r // 8) % KS) * 128 + cc
-    ok = ((r % 8) < 2) & (r // 8 < n) & (kk < I)
-    b = gl.load(h_ptr + j * (2 * I) + (r % 8) * I + kk, mask=ok, other=0.0, cache_modifier=".cg")
-    bl: gl.constexpr = gl.NVMMASharedLayout(swizzle_byte_width=128, element_bitwidth=8, rank=2)
-    bh.store(b)
+def _unpack(w):
+    return (w & 0xFFFFFFFF).to(gl.int32).to(gl.float32, bitcast=True)
+
+
+@gluon.jit
+def _poll(ptrs, mask, tag):
+    """The words at ptrs (masked lanes: 0), re-read (volatile: L2) until every one carries this call's tag."""
+    w = gl.load(ptrs, mask=mask, other=0, volatile=True)
+    while gl.sum(gl.sum(gl.sum(gl.where(mask & ((w >> 32) != tag.to(gl.int64)), 1, 0), axis=2), axis=1),
+                 axis=0) > 0:
+        w = gl.load(ptrs, mask=mask, other=0, volatile=True)
+    return w
+
+
+@gluon.jit
+def _h_chunk(bh, gp_ptr, b1_ptr, e, j, s0, n, I, NT1, G, tag, stride_be1, limit, alpha, hs, KS: gl.constexpr,
+             SEGP: gl.constexpr, MAXP1: gl.constexpr, num_warps: gl.constexpr):
+    """B of n <= SEGP down steps from stage step s0 (K steps (s0 + i) % KS) of pair j: h = clamped SwiGLU of
+    (the gate_up parts of this call, summed in part order, + b1), as e4m3 hi / lo rows (scale hs) in bh
+    [SEGP * 8, 128]: rows 8 i + even = hi, odd = lo."""
+    l4: gl.constexpr = gl.BlockedLayout([1, 1, MAXP1], [1, 32, 1], [1, num_warps, 1], [2, 1, 0])
+    i3 = gl.expand_dims(gl.expand_dims(gl.arange(0, SEGP, gl.SliceLayout(1, gl.SliceLayout(2, l4))), 1), 2)
+    c3 = gl.expand_dims(gl.expand_dims(gl.arange(0, 128, gl.SliceLayout(0, gl.SliceLayout(2, l4))), 0), 2)
+    p3 = gl.expand_dims(gl.expand_dims(gl.arange(0, MAXP1, gl.SliceLayout(0, gl.SliceLayout(1, l4))), 0), 1)
+    m = ((s0 + i3) % KS) * 128 + c3                                         # h column
+    tile = m // 32
+    W1 = NT1 * KS
+    first = _cta_of(tile * KS, W1, G)
+    ok = (i3 < n) & (m < I) & (p3 < _cta_of(tile * KS + KS - 1, W1, G) - first + 1)
+    base = gp_ptr + ((j * NT1 + tile) * MAXP1 + p3) * BN + 2 * (m % 32)
+    gate = gl.sum(_unpack(_poll(base, ok, tag)), axis=2)                    # [SEGP, 128], parts in order
+    up = gl.sum(_unpack(_poll(base + 1, ok, tag)), axis=2)
+    l2: gl.constexpr = gl.SliceLayout(2, l4)
+    m2 = gl.sum(gl.where(p3 == 0, m, 0), axis=2)
+    ok2 = (gl.expand_dims(gl.arange(0, SEGP, gl.SliceLayout(1, l2)), 1) < n) & (m2 < I)
+    bias = b1_ptr + e.to(gl.int64) * stride_be1 + 2 * m2
+    gate = (gate + gl.load(bias, mask=ok2, other=0.0).to(gl.float32)).to(gl.bfloat16).to(gl.float32)
+    up = (up + gl.load(bias + 1, mask=ok2, other=0.0).to(gl.float32)).to(gl.bfloat16).to(gl.float32)
+    gate = gl.minimum(gate, limit)
+    up = gl.minimum(gl.maximum(up, -limit), limit)
+    t = gl.where(ok2, (up + 1.0) * (gate / (1.0 + gl.exp(-alpha * gate))) / hs, 0.0)
+    hi = t.to(gl.float8e4nv).to(gl.float32)
+    lo = (t - hi) * 16.0
+    l3: gl.constexpr = gl.BlockedLayout([1, 8, 1], [1, 1, 32], [1, 1, num_warps], [2, 1, 0])
+    r3 = gl.expand_dims(gl.expand_dims(gl.arange(0, 8, gl.SliceLayout(0, gl.SliceLayout(2, l3))), 0), 2)
+    hi3 = gl.expand_dims(gl.convert_layout(hi, gl.SliceLayout(1, l3)), 1)
+    lo3 = gl.expand_dims(gl.convert_layout(lo, gl.SliceLayout(1, l3)), 1)
+    b = gl.where(r3 % 2 == 0, hi3, lo3).to(gl.float8e4nv)                  # [SEGP, 8, 128]
+    bh.store(gl.reshape(b, [SEGP * 8, 128]))
     fence_async_shared()
     gl.thread_barrier()
 
@@ -228,56 +268,25 @@ def _issue(info_smem, ring, ready, w1_desc, w2_desc, g, total, KS: gl.constexpr,
 
 
 @gluon.jit
-def _finish_gate_up(part_ptr, tick_ptr, pc_ptr, h_ptr, b1_ptr, j, e, tile, parts, NT1, I, stride_be1, limit, alpha,
-                    hs, MAXP: gl.constexpr, num_warps: gl.constexpr):
-    """Last part of gate_up tile (j, tile): sum the parts in part order, + b1, bf16, clamped SwiGLU, h as e4m3
-    hi / lo, reset the ticket, count the tile for pair j."""
-    lg: gl.constexpr = gl.BlockedLayout([MAXP, 1, 2], [1, 32, 1], [1, num_warps, 1], [2, 1, 0])
-    pp = gl.expand_dims(gl.expand_dims(gl.arange(0, MAXP, gl.SliceLayout(1, gl.SliceLayout(2, lg))), 1), 2)
-    oo = gl.expand_dims(gl.expand_dims(gl.arange(0, 32, gl.SliceLayout(0, gl.SliceLayout(2, lg))), 0), 2)
-    gu = gl.expand_dims(gl.expand_dims(gl.arange(0, 2, gl.SliceLayout(0, gl.SliceLayout(1, lg))), 0), 1)
-    v = gl.load(part_ptr + ((j * NT1 + tile) * MAXP + pp) * BN + 2 * oo + gu, mask=(pp < parts) & (oo >= 0) & (gu >= 0),
-                other=0.0, cache_modifier=".cg")
-    v = gl.sum(v, axis=0)                                                  # [32, 2]: gate, up (in-thread order)
-    lv: gl.constexpr = gl.SliceLayout(0, lg)
-    o2 = gl.expand_dims(gl.arange(0, 32, gl.SliceLayout(1, lv)), 1)
-    g2 = gl.expand_dims(gl.arange(0, 2, gl.SliceLayout(0, lv)), 0)
-    rows = tile * BN + 2 * o2 + g2
-    v = (v + gl.load(b1_ptr + e.to(gl.int64) * stride_be1 + rows, mask=rows < 2 * I, other=0.0).to(gl.float32))
-    v = v.to(gl.bfloat16).to(gl.float32)
-    gate, up = gl.split(v)
-    gate = gl.minimum(gate, limit)
-    up = gl.minimum(gl.maximum(up, -limit), limit)
-    h = (up + 1.0) * (gate / (1.0 + gl.exp(-alpha * gate)))
-    t = h / hs
-    hi = t.to(gl.float8e4nv)
-    hcol = tile * (BN // 2) + gl.arange(0, 32, gl.SliceLayout(1, lv))
-    h_ok = hcol < I
-    gl.store(h_ptr + j * (2 * I) + hcol, hi, mask=h_ok)
-    gl.store(h_ptr + j * (2 * I) + I + hcol, ((t - hi.to(gl.float32)) * 16.0).to(gl.float8e4nv), mask=h_ok)
-    gl.atomic_xchg(tick_ptr, 0, sem="relaxed", scope="gpu")      # every part has arrived: reset for the next call
-    gl.thread_barrier()                                          # every thread's h stores before the count
-    gl.atomic_add(pc_ptr + j, 1, sem="release", scope="gpu")
-
-
-@gluon.jit
-def _finish_down(part_ptr, tick_ptr, ev, wt_ptr, b2_ptr, out_ptr, tile, parts, P, E, NT2, H, stride_be2,
-                 PB: gl.constexpr, MAXP: gl.constexpr, num_warps: gl.constexpr):
-    """Last part of down N tile ``tile`` over every local pair: out[0, rows] = sum over local pairs j of w_j *
-    (sum of j's parts + b2[e_j, rows]) (in-thread sums in pair and part order)."""
-    ld: gl.constexpr = gl.BlockedLayout([PB, MAXP, 1], [1, 1, 32], [1, 1, num_warps], [2, 1, 0])
+def _combine(dp_ptr, ev, wt_ptr, b2_ptr, out_ptr, tile, P, E, NT2, H, G, tag, stride_be2, KS: gl.constexpr,
+             PB: gl.constexpr, MAXP2: gl.constexpr, num_warps: gl.constexpr):
+    """out[0, rows of N tile ``tile``] = sum over local pairs j of w_j * (sum of j's down parts + b2[e_j]) (in-thread
+    sums in pair and part order), once every part of this call is there (no local pair: zeros)."""
+    ld: gl.constexpr = gl.BlockedLayout([PB, MAXP2, 1], [1, 1, 32], [1, 1, num_warps], [2, 1, 0])
     lj: gl.constexpr = gl.SliceLayout(1, gl.SliceLayout(2, ld))
     jj = gl.arange(0, PB, lj)
     e = gl.convert_layout(ev, lj)
     ok = (jj < P) & (e >= 0) & (e < E)
     w = gl.load(wt_ptr + jj, mask=ok, other=0.0).to(gl.float32)
+    W2 = NT2 * KS
+    first = _cta_of(tile * KS, W2, G)
+    parts = _cta_of(tile * KS + KS - 1, W2, G) - first + 1
     j3 = gl.expand_dims(gl.expand_dims(jj, 1), 2)
     ok3 = gl.expand_dims(gl.expand_dims(ok, 1), 2)
-    p3 = gl.expand_dims(gl.expand_dims(gl.arange(0, MAXP, gl.SliceLayout(0, gl.SliceLayout(2, ld))), 0), 2)
+    p3 = gl.expand_dims(gl.expand_dims(gl.arange(0, MAXP2, gl.SliceLayout(0, gl.SliceLayout(2, ld))), 0), 2)
     r3 = gl.expand_dims(gl.expand_dims(gl.arange(0, BN, gl.SliceLayout(0, gl.SliceLayout(1, ld))), 0), 1)
-    v = gl.load(part_ptr + ((j3 * NT2 + tile) * MAXP + p3) * BN + r3, mask=ok3 & (p3 < parts) & (r3 >= 0), other=0.0,
-                cache_modifier=".cg")
-    v = gl.sum(v, axis=1)                                                  # [PB, BN]
+    v = gl.sum(_unpack(_poll(dp_ptr + ((j3 * NT2 + tile) * MAXP2 + p3) * BN + r3, ok3 & (p3 < parts) & (r3 >= 0),
+                             tag)), axis=1)                                 # [PB, BN]
     lb: gl.constexpr = gl.SliceLayout(1, ld)
     rows = tile * BN + gl.expand_dims(gl.arange(0, BN, gl.SliceLayout(0, lb)), 0)
     eb = gl.expand_dims(gl.convert_layout(gl.where(ok, e, 0), gl.SliceLayout(1, lb)), 1).to(gl.int64)
@@ -286,7 +295,6 @@ def _finish_down(part_ptr, tick_ptr, ev, wt_ptr, b2_ptr, out_ptr, tile, parts, P
     y = gl.sum(v * gl.expand_dims(gl.convert_layout(w, gl.SliceLayout(1, lb)), 1), axis=0)   # [BN]
     ro = tile * BN + gl.arange(0, BN, gl.SliceLayout(0, lb))
     gl.store(out_ptr + ro, y.to(out_ptr.dtype.element_ty), mask=ro < H)
-    gl.atomic_xchg(tick_ptr, 0, sem="relaxed", scope="gpu")
 
 
 @gluon.jit
@@ -298,24 +306,23 @@ def _partial(acc, kind, sx, hs, mma: gl.constexpr):
 
 
 @gluon.jit
-def moe_stream_kernel(x_ptr, ids_ptr, wt_ptr, w1_desc, s1_ptr, b1_ptr, w2_desc, s2_ptr, b2_ptr, h_ptr, part_ptr,
-                      cnt_ptr, out_ptr, H, I, P, offset, E, stride_se1, stride_sn1, stride_se2, stride_sn2,
+def moe_stream_kernel(x_ptr, ids_ptr, wt_ptr, w1_desc, s1_ptr, b1_ptr, w2_desc, s2_ptr, b2_ptr, part_ptr,
+                      ctrl_ptr, out_ptr, H, I, P, offset, E, stride_se1, stride_sn1, stride_se2, stride_sn2,
                       stride_be1, stride_be2, limit, alpha, hs,
                       KS: gl.constexpr, KSC: gl.constexpr, HP: gl.constexpr, NS: gl.constexpr, SEGP: gl.constexpr,
-                      PB: gl.constexpr, MAXP: gl.constexpr, STAGES: gl.constexpr, ORDER: gl.constexpr,
-                      num_warps: gl.constexpr, trace_ptr=None, TRACE: gl.constexpr = False):
-    """One CTA per SM (cooperative grid G): the walk of ``_plan``, consumed step by step while the TMA ring runs
-    STAGES steps ahead of it. cnt_ptr (int32): P * NT1 gate_up tickets, NT2 down tickets, P pair counts, done."""
+                      PB: gl.constexpr, MAXP1: gl.constexpr, MAXP2: gl.constexpr, STAGES: gl.constexpr,
+                      ORDER: gl.constexpr, num_warps: gl.constexpr, trace_ptr=None, TRACE: gl.constexpr = False):
+    """R CTAs per SM (cooperative grid G): the walk of ``_plan``, consumed step by step while the TMA ring runs
+    STAGES steps ahead of it. part_ptr (int64 words, ``_pack``): gate_up parts [P, NT1, MAXP1, 64], then down parts
+    [P, NT2, MAXP2, 64]; ctrl_ptr (int32): CTAs done, the last call's tag."""
     ts0 = _clk(TRACE, True)
     c = gl.program_id(0)
     G = gl.num_programs(0)
     NT1 = gl.cdiv(2 * I, BN)
     NT2 = gl.cdiv(H, BN)
-    tick2 = cnt_ptr + P * NT1
-    pc_ptr = tick2 + NT2
-    done_ptr = pc_ptr + P
-    part2 = part_ptr + P * NT1 * MAXP * BN
+    dp_ptr = part_ptr + P * NT1 * MAXP1 * BN
     l8: gl.constexpr = gl.BlockedLayout([1, 8], [1, 32], [1, num_warps], [1, 0])
+    lp: gl.constexpr = gl.BlockedLayout([PB], [32], [num_warps], [0])
     mma: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[num_warps, 1],
                                                   instr_shape=[16, 8, 32])
     bl: gl.constexpr = gl.NVMMASharedLayout(swizzle_byte_width=128, element_bitwidth=8, rank=2)
@@ -332,31 +339,27 @@ def moe_stream_kernel(x_ptr, ids_ptr, wt_ptr, w1_desc, s1_ptr, b1_ptr, w2_desc, 
         mbarrier.init(ready.index(i), count=1)
     fence_async_shared()
 
+    # the small loads first, while the memory system is idle (behind the weight stream they would wait us)
+    tag = gl.load(ctrl_ptr + 1) % 0x7FFFFFFF + 1                            # this call's word tag (never 0)
+    sx = _xscale(x_ptr, H, HP, num_warps)
     L, jq, ev = _pairs(ids_ptr, P, offset, E, PB, num_warps)
     info, total = _plan(L, jq, ev, c, G, NT1, NT2, 2 * I, H, KS, NS, PB, ORDER, num_warps)
+    info = _scales(info, s1_ptr, s2_ptr, stride_se1, stride_sn1, stride_se2, stride_sn2, 2 * I, H, KS, num_warps)
     info2.store(info)
     gl.thread_barrier()
     for g in range(STAGES):                           # the ring's first STAGES steps: weights only, no wait
         _issue(info_smem, ring, ready, w1_desc, w2_desc, g, total, KS, STAGES, l8)
-    info = _scales(info, s1_ptr, s2_ptr, stride_se1, stride_sn1, stride_se2, stride_sn2, 2 * I, H, KS, num_warps)
-    sx = _token(bx2, x_ptr, H, KSC, HP, num_warps)
-    gl.thread_barrier()                               # (every thread's plan reads done before the rewrite)
-    info2.store(info)
+    _token(bx2, x_ptr, H, sx, KSC, num_warps)          # (x is in L1 now)
     fence_async_shared()
     gl.thread_barrier()
 
-    if L == 0:                                        # nothing routed here: zeros, one N tile per CTA in turn
-        lz: gl.constexpr = gl.BlockedLayout([1], [32], [num_warps], [0])
-        for t in range(c, NT2, G):
-            rz = t * BN + gl.arange(0, BN, lz)
-            gl.store(out_ptr + rz, gl.zeros([BN], gl.float32, lz).to(out_ptr.dtype.element_ty), mask=rz < H)
-    acc = gl.zeros([BN, 8], gl.float32, mma)
     tl0 = _clk(TRACE, True)
     cyc_cnt = _clk(TRACE) * 0
     cyc_ready = cyc_cnt
     cyc_mma = cyc_cnt
     cyc_issue = cyc_cnt
     cyc_epi = cyc_cnt
+    acc = gl.zeros([BN, 8], gl.float32, mma)
     for g in range(total):
         st = g % STAGES
         row = info_smem.index(g).load(l8)
@@ -367,9 +370,10 @@ def moe_stream_kernel(x_ptr, ids_ptr, wt_ptr, w1_desc, s1_ptr, b1_ptr, w2_desc, 
         s = _field(row, F_STEP, l8)
         t0 = _clk(TRACE)
         if kind == 1:
-            if pos % SEGP == 0:                       # a down chunk starts: its pair's h complete, then its B rows
-                _wait_count(pc_ptr + j, NT1)
-                _h_chunk(bh2, h_ptr, j, s, gl.minimum((flags >> 2) - pos, SEGP), I, KS, SEGP, num_warps)
+            if pos % SEGP == 0:                       # a down chunk starts: its h from this call's gate_up parts
+                _h_chunk(bh2, part_ptr, b1_ptr, gl.sum(gl.where(gl.arange(0, PB, lp) == j, ev, 0), axis=0), j, s,
+                         gl.minimum((flags >> 2) - pos, SEGP), I, NT1, G, tag, stride_be1, limit, alpha, hs, KS,
+                         SEGP, MAXP1, num_warps)
         t1 = _clk(TRACE)
         mbarrier.wait(ready.index(st), (g // STAGES) & 1)
         t2 = _clk(TRACE)
@@ -385,29 +389,15 @@ def moe_stream_kernel(x_ptr, ids_ptr, wt_ptr, w1_desc, s1_ptr, b1_ptr, w2_desc, 
         gl.thread_barrier()                           # every warp's wgmma read slot st before its refill
         _issue(info_smem, ring, ready, w1_desc, w2_desc, g + STAGES, total, KS, STAGES, l8)
         t4 = _clk(TRACE)
-        if ((flags >> 1) & 1) != 0:                   # the tile's last step here: its partial, the ticket
+        if ((flags >> 1) & 1) != 0:                   # the tile's last step here: its partial as tagged words
             tile = s // KS
             part = _field(row, F_PART, l8)
-            parts = _field(row, F_PARTS, l8)
-            v = _partial(acc, kind, sx, hs, mma)
+            v = _pack(_partial(acc, kind, sx, hs, mma), tag)
             ro = gl.arange(0, BN, gl.SliceLayout(1, mma))
             if kind == 0:
-                tick = cnt_ptr + j * NT1 + tile
-                gl.store(part_ptr + ((j * NT1 + tile) * MAXP + part) * BN + ro, v)
-                gl.thread_barrier()
-                if gl.atomic_add(tick, 1, sem="acq_rel", scope="gpu") == parts - 1:
-                    gl.thread_barrier()
-                    _finish_gate_up(part_ptr, tick, pc_ptr, h_ptr, b1_ptr, j, gl.sum(gl.where(
-                        gl.arange(0, PB, gl.BlockedLayout([PB], [32], [num_warps], [0])) == j, ev, 0), axis=0),
-                        tile, parts, NT1, I, stride_be1, limit, alpha, hs, MAXP, num_warps)
+                gl.store(part_ptr + ((j * NT1 + tile) * MAXP1 + part) * BN + ro, v)
             else:
-                tick = tick2 + tile
-                gl.store(part2 + ((j * NT2 + tile) * MAXP + part) * BN + ro, v)
-                gl.thread_barrier()
-                if gl.atomic_add(tick, 1, sem="acq_rel", scope="gpu") == L * parts - 1:
-                    gl.thread_barrier()
-                    _finish_down(part2, tick, ev, wt_ptr, b2_ptr, out_ptr, tile, parts, P, E, NT2, H, stride_be2, PB,
-                                 MAXP, num_warps)
+                gl.store(dp_ptr + ((j * NT2 + tile) * MAXP2 + part) * BN + ro, v)
             acc = gl.zeros([BN, 8], gl.float32, mma)
         t5 = _clk(TRACE)
         cyc_cnt += t1 - t0
@@ -415,22 +405,24 @@ def moe_stream_kernel(x_ptr, ids_ptr, wt_ptr, w1_desc, s1_ptr, b1_ptr, w2_desc, 
         cyc_mma += t3 - t2
         cyc_issue += t4 - t3
         cyc_epi += t5 - t4
+    tl1 = _clk(TRACE, True)
+    for t in range(c, NT2, G):                        # the output tiles this CTA sums (no local pair: zeros)
+        _combine(dp_ptr, ev, wt_ptr, b2_ptr, out_ptr, t, P, E, NT2, H, G, tag, stride_be2, KS, PB, MAXP2,
+                 num_warps)
+    gl.thread_barrier()
+    if gl.atomic_add(ctrl_ptr, 1, sem="acq_rel", scope="gpu") == G - 1:   # the last CTA: every tag read is done
+        gl.atomic_xchg(ctrl_ptr + 1, tag, sem="relaxed", scope="gpu")
+        gl.atomic_xchg(ctrl_ptr, 0, sem="relaxed", scope="gpu")
     if TRACE:   # diagnostic (bench/moe/stream_trace.py): ns start / loop / end, cycles per section of the loop
         tp = trace_ptr + c.to(gl.int64) * 8
         gl.store(tp, ts0)
         gl.store(tp + 1, tl0)
-        gl.store(tp + 2, _clk(TRACE, True))
+        gl.store(tp + 2, tl1)
         gl.store(tp + 3, cyc_cnt)
         gl.store(tp + 4, cyc_ready)
         gl.store(tp + 5, cyc_mma)
         gl.store(tp + 6, cyc_issue)
-        gl.store(tp + 7, cyc_epi)
-    gl.thread_barrier()
-    if gl.atomic_add(done_ptr, 1, sem="acq_rel", scope="gpu") == G - 1:   # the last CTA: every wait has passed
-        lr: gl.constexpr = gl.BlockedLayout([PB], [32], [num_warps], [0])
-        pr = gl.arange(0, PB, lr)
-        gl.store(pc_ptr + pr, gl.zeros([PB], gl.int32, lr), mask=pr < P)
-        gl.atomic_xchg(done_ptr, 0, sem="relaxed", scope="gpu")
+        gl.store(tp + 7, _clk(TRACE, True) - tl1)
 
 
 def _cta_of_host(s: int, W: int, G: int) -> int:
@@ -438,9 +430,10 @@ def _cta_of_host(s: int, W: int, G: int) -> int:
 
 
 def stream_shape(run, G: int) -> dict | None:
-    """The constexprs of a ``MoeSplit`` call on this kernel with G CTAs, or None where it does not apply (not
-    T = 1, more than 8 pairs, gate_up / down rows not a multiple of 64, gate_up and down K steps differ, weights
-    not contiguous, or the walk or the shared memory would not fit)."""
+    """The constexprs of a ``MoeSplit`` call on this kernel with G CTAs (``stream_ctas`` per SM), or None where it
+    does not apply: not T = 1, more than 8 pairs, gate_up / down rows not a multiple of 64, gate_up and down K steps
+    differ, weights not contiguous, h's fixed scale out of range, fewer steps than CTAs, or the walk or the shared
+    memory would not fit."""
     import triton
 
     ex, t = run.ex, run.tiles
@@ -451,18 +444,17 @@ def stream_shape(run, G: int) -> dict | None:
     NT1, NT2 = 2 * run.I // 64, run.H // 64
     if NT2 * KS < G:   # every CTA needs a step of each stream (the part counts assume no empty range)
         return None
-    maxp = 1
+    maxp = []
     for W, nt in ((NT1 * KS, NT1), (NT2 * KS, NT2)):
-        for n in range(nt):
-            maxp = max(maxp, _cta_of_host(n * KS + KS - 1, W, G) - _cta_of_host(n * KS, W, G) + 1)
+        maxp.append(max(_cta_of_host(n * KS + KS - 1, W, G) - _cta_of_host(n * KS, W, G) + 1 for n in range(nt)))
     ns = triton.next_power_of_2(run.P * (triton.cdiv(NT1 * KS, G) + triton.cdiv(NT2 * KS, G)))
     ksc = triton.next_power_of_2(triton.cdiv(KS, 8))
-    smem = t.stream_stages * 8192 + ksc * 8 * 1024 + t.stream_segp * 1024 + ns * 32 + 4096
-    if ns > 512 or smem > 226 * 1024:
+    smem = t.stream_stages * 8192 + ksc * 8 * 1024 + t.stream_segp * 1024 + ns * 32 + 2048
+    if ns > 512 or smem > (227 * 1024) // t.stream_ctas - 1024:
         return None
     return dict(KS=KS, KSC=ksc, HP=triton.next_power_of_2(run.H), NS=ns, SEGP=t.stream_segp,
-                PB=max(8, triton.next_power_of_2(run.P)), MAXP=triton.next_power_of_2(maxp), STAGES=t.stream_stages,
-                ORDER=t.stream_order, NT1=NT1, NT2=NT2)
+                PB=max(8, triton.next_power_of_2(run.P)), MAXP1=triton.next_power_of_2(maxp[0]),
+                MAXP2=triton.next_power_of_2(maxp[1]), STAGES=t.stream_stages, ORDER=t.stream_order, NT1=NT1, NT2=NT2)
 
 
 def _desc(w, E_N: int, K: int):
@@ -474,24 +466,28 @@ def _desc(w, E_N: int, K: int):
 
 def launch_stream(run, shape: dict, G: int, alpha: float) -> None:
     """The whole MoE of ``run`` (a ``MoeSplit`` at T = 1): one cooperative launch of G CTAs into run.out.
-    ``run.trace`` (diagnostic, ``bench/moe/stream_trace.py``): an int64 [G, 8] buffer for the kernel's TRACE."""
+    The tagged part words and the control words (done count, last tag) live with the weights, zeroed once (tag 0
+    is never a call's). ``run.trace`` (diagnostic, ``bench/moe/stream_trace.py``): int64 [G, 8] for TRACE."""
     import torch
 
     ex = run.ex
     E, P, H, I = run.E, run.P, run.H, run.I
-    NT1, NT2, MAXP = shape["NT1"], shape["NT2"], shape["MAXP"]
-    key = f"moe_stream_counts_{P}_{NT1}_{NT2}"
-    cnt = ex.derived.get(key)
-    if cnt is None:   # tickets, pair counts, done: zero between calls (reset by their last users)
-        cnt = ex.derived[key] = torch.zeros((P * NT1 + NT2 + P + 1,), dtype=torch.int32, device=run.x.device)
-    if run.stream_part is None:
-        run.stream_part = torch.empty((P * (NT1 + NT2) * MAXP * 64,), dtype=torch.float32, device=run.x.device)
+    NT1, NT2 = shape["NT1"], shape["NT2"]
+    key = f"moe_stream_words_{P}_{NT1}_{NT2}_{shape['MAXP1']}_{shape['MAXP2']}"
+    words = ex.derived.get(key)
+    if words is None:
+        words = ex.derived[key] = torch.zeros((P * (NT1 * shape["MAXP1"] + NT2 * shape["MAXP2"]) * 64,),
+                                              dtype=torch.int64, device=run.x.device)
+    ctrl = ex.derived.get("moe_stream_ctrl")
+    if ctrl is None:
+        ctrl = ex.derived["moe_stream_ctrl"] = torch.zeros((2,), dtype=torch.int32, device=run.x.device)
     w1, w2 = ex.gate_up, ex.down
     s1, s2 = ex.gate_up_scale, ex.down_scale
     consts = {k: v for k, v in shape.items() if k not in ("NT1", "NT2")}
+    opts = dict(maxnreg=65536 // (128 * run.tiles.stream_ctas) // 8 * 8) if run.tiles.stream_ctas > 2 else {}
     moe_stream_kernel[(G, )](
         run.x, run.ids, run.weights, _desc(w1, E * 2 * I, H), s1, ex.gate_up_bias, _desc(w2, E * H, I), s2,
-        ex.down_bias, run.h.view(torch.float8_e4m3fn), run.stream_part, cnt, run.out, H, I, P, run.offset, E,
+        ex.down_bias, words, ctrl, run.out, H, I, P, run.offset, E,
         s1.stride(0), s1.stride(1), s2.stride(0), s2.stride(1), ex.gate_up_bias.stride(0), ex.down_bias.stride(0),
         run.limit, alpha, (run.limit + 1.0) * run.limit / 448.0, num_warps=4, launch_cooperative_grid=True, **consts,
-        **(dict(trace_ptr=run.trace, TRACE=True) if run.trace is not None else {}))
+        **opts, **(dict(trace_ptr=run.trace, TRACE=True) if run.trace is not None else {}))

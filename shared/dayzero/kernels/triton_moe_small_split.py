@@ -105,6 +105,7 @@ class SplitTiles:
     # down steps; stream_order 0 interleaves the pairs' segments, 1 runs every gate_up segment first). Where that
     # kernel does not apply (no GPU, shapes), the wg fields above run instead
     stream: bool = False
+    stream_ctas: int = 1         # CTAs per SM (each walks its own share; more of them hide each one's latencies)
     stream_stages: int = 20
     stream_segp: int = 8
     stream_order: int = 0
@@ -199,9 +200,10 @@ VARIANTS = {
 VARIANTS.update({name: SplitTiles(**kw, **_R) for name, kw in WG_VARIANTS.items()})
 # session 11 (bench/NOTES.md "Session 11"): T = 1 in one persistent launch (``gluon_moe_stream``), the wg_d64_s2_qt
 # tiles where it does not apply
-VARIANTS.update({"gx_s20": replace(VARIANTS["wg_d64_s2_qt"], stream=True),
-                 "gx_s20_o1": replace(VARIANTS["wg_d64_s2_qt"], stream=True, stream_order=1),
-                 "gx_s12": replace(VARIANTS["wg_d64_s2_qt"], stream=True, stream_stages=12)})
+VARIANTS.update({"gx1_s20": replace(VARIANTS["wg_d64_s2_qt"], stream=True),
+                 "gx2_s8": replace(VARIANTS["wg_d64_s2_qt"], stream=True, stream_ctas=2, stream_stages=8, stream_segp=4),
+                 "gx3_s4": replace(VARIANTS["wg_d64_s2_qt"], stream=True, stream_ctas=3, stream_stages=4,
+                                   stream_segp=4)})
 # session 7, CPU only (bench/NOTES.md "MoE decode: x16"): MMA tiles with gate_up's products in fp16 (``x16``): the
 # shipped ones of T > 4 and k1_d64_r (T = 2-4 beside the GEMV gate_up defaults)
 VARIANTS.update({f"{name}_x16": replace(VARIANTS[name], x16=True)
@@ -331,7 +333,7 @@ class MoeSplit:
         if t.stream and x.is_cuda and not interpreting():
             from .gluon_moe_stream import stream_shape
 
-            self.grid_ctas = torch.cuda.get_device_properties(dev).multi_processor_count
+            self.grid_ctas = torch.cuda.get_device_properties(dev).multi_processor_count * t.stream_ctas
             self.stream = stream_shape(self, self.grid_ctas)
         self.launch = dict(TOPK=self.k, BM=t.bm, BK_=BK, H16=t.h16, TB=self.tb, PB=self.pb, PLAN=not self.fused,
                            ONE_CHUNK=T <= t.bm, DOT_F32=interpreting(), num_stages=t.stages)
