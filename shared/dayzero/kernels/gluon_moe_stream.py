@@ -213,6 +213,19 @@ def _poll(ptrs, mask, tag):
 
 
 @gluon.jit
+def _poll2(pa, pb, mask, tag):
+    """``_poll`` of two word sets at once (both loads in flight together: one round trip when they are ready)."""
+    wa = gl.load(pa, mask=mask, other=0, volatile=True)
+    wb = gl.load(pb, mask=mask, other=0, volatile=True)
+    t = tag.to(gl.int64)
+    while gl.sum(gl.sum(gl.sum(gl.where(mask & (((wa >> 32) != t) | ((wb >> 32) != t)), 1, 0), axis=2), axis=1),
+                 axis=0) > 0:
+        wa = gl.load(pa, mask=mask, other=0, volatile=True)
+        wb = gl.load(pb, mask=mask, other=0, volatile=True)
+    return wa, wb
+
+
+@gluon.jit
 def _h_chunk(bh, gp_ptr, b1_ptr, e, j, s0, n, I, NT1, G, tag, stride_be1, limit, alpha, hs, KS: gl.constexpr,
              SEGP: gl.constexpr, MAXP1: gl.constexpr, num_warps: gl.constexpr):
     """B of n <= SEGP down steps from stage step s0 (K steps (s0 + i) % KS) of pair j: h = clamped SwiGLU of
@@ -228,14 +241,15 @@ def _h_chunk(bh, gp_ptr, b1_ptr, e, j, s0, n, I, NT1, G, tag, stride_be1, limit,
     first = _cta_of(tile * KS, W1, G)
     ok = (i3 < n) & (m < I) & (p3 < _cta_of(tile * KS + KS - 1, W1, G) - first + 1)
     base = gp_ptr + ((j * NT1 + tile) * MAXP1 + p3) * BN + 2 * (m % 32)
-    gate = gl.sum(_unpack(_poll(base, ok, tag)), axis=2)                    # [SEGP, 128], parts in order
-    up = gl.sum(_unpack(_poll(base + 1, ok, tag)), axis=2)
     l2: gl.constexpr = gl.SliceLayout(2, l4)
     m2 = gl.sum(gl.where(p3 == 0, m, 0), axis=2)
     ok2 = (gl.expand_dims(gl.arange(0, SEGP, gl.SliceLayout(1, l2)), 1) < n) & (m2 < I)
     bias = b1_ptr + e.to(gl.int64) * stride_be1 + 2 * m2
-    gate = (gate + gl.load(bias, mask=ok2, other=0.0).to(gl.float32)).to(gl.bfloat16).to(gl.float32)
-    up = (up + gl.load(bias + 1, mask=ok2, other=0.0).to(gl.float32)).to(gl.bfloat16).to(gl.float32)
+    bg = gl.load(bias, mask=ok2, other=0.0).to(gl.float32)                 # (issued with the first poll)
+    bu = gl.load(bias + 1, mask=ok2, other=0.0).to(gl.float32)
+    wg_, wu_ = _poll2(base, base + 1, ok, tag)
+    gate = (gl.sum(_unpack(wg_), axis=2) + bg).to(gl.bfloat16).to(gl.float32)   # [SEGP, 128], parts in order
+    up = (gl.sum(_unpack(wu_), axis=2) + bu).to(gl.bfloat16).to(gl.float32)
     gate = gl.minimum(gate, limit)
     up = gl.minimum(gl.maximum(up, -limit), limit)
     t = gl.where(ok2, (up + 1.0) * (gate / (1.0 + gl.exp(-alpha * gate))) / hs, 0.0)
@@ -344,14 +358,18 @@ def moe_stream_kernel(x_ptr, ids_ptr, wt_ptr, w1_desc, s1_ptr, b1_ptr, w2_desc, 
     sx = _xscale(x_ptr, H, HP, num_warps)
     L, jq, ev = _pairs(ids_ptr, P, offset, E, PB, num_warps)
     info, total = _plan(L, jq, ev, c, G, NT1, NT2, 2 * I, H, KS, NS, PB, ORDER, num_warps)
-    info = _scales(info, s1_ptr, s2_ptr, stride_se1, stride_sn1, stride_se2, stride_sn2, 2 * I, H, KS, num_warps)
     info2.store(info)
     gl.thread_barrier()
-    for g in range(STAGES):                           # the ring's first STAGES steps: weights only, no wait
+    for g in range(2):                                # two steps in flight now (a short queue for what follows)
         _issue(info_smem, ring, ready, w1_desc, w2_desc, g, total, KS, STAGES, l8)
+    info = _scales(info, s1_ptr, s2_ptr, stride_se1, stride_sn1, stride_se2, stride_sn2, 2 * I, H, KS, num_warps)
     _token(bx2, x_ptr, H, sx, KSC, num_warps)          # (x is in L1 now)
+    gl.thread_barrier()                               # (every thread's plan reads done before the rewrite)
+    info2.store(info)
     fence_async_shared()
     gl.thread_barrier()
+    for g in range(2, STAGES):                        # the rest of the ring: weights only, no wait
+        _issue(info_smem, ring, ready, w1_desc, w2_desc, g, total, KS, STAGES, l8)
 
     tl0 = _clk(TRACE, True)
     cyc_cnt = _clk(TRACE) * 0
