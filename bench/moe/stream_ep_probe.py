@@ -28,6 +28,7 @@ def main() -> int:
     ap = argparse.ArgumentParser()
     ap.add_argument("--variant", default="gx2_s8")
     ap.add_argument("--wait-s", type=float, default=5.0)
+    ap.add_argument("--ids", default="9,1,14,3;0,1,2,3;9,10,14,11", help="routes per call, ';' between calls")
     a = ap.parse_args()
     full = random_experts(16, H, I, seed=3)
     sl = slice(8, 16)
@@ -35,7 +36,7 @@ def main() -> int:
                        full.gate_up_scale[sl], full.down_scale[sl], derived={"expert_offset": 8})
     x = torch.randn(1, H, device="cuda").bfloat16()
     w = torch.full((1, 4), 0.25, device="cuda").bfloat16()
-    for ids_l in ([9, 1, 14, 3], [0, 1, 2, 3], [9, 10, 14, 11]):
+    for ids_l in ([int(v) for v in c.split(",")] for c in a.ids.split(";")):
         ids = torch.tensor([ids_l], device="cuda")
         run = MoeSplit(x, w, ids, ex, LIMIT, VARIANTS[a.variant])
         print(f"ids {ids_l}: stream {run.stream}", flush=True)
@@ -49,9 +50,11 @@ def main() -> int:
             continue
         side = torch.cuda.Stream()
         key = next(k for k in ex.derived if k.startswith("moe_stream_words"))
-        with torch.cuda.stream(side):
-            ctrl = ex.derived["moe_stream_ctrl"].to("cpu", non_blocking=True)
-            words = ex.derived[key].to("cpu", non_blocking=True)
+        ctrl = torch.empty(ex.derived["moe_stream_ctrl"].shape, dtype=torch.int32).pin_memory()
+        words = torch.empty(ex.derived[key].shape, dtype=torch.int64).pin_memory()
+        with torch.cuda.stream(side):   # pinned: a true DMA, beside the spinning kernel
+            ctrl.copy_(ex.derived["moe_stream_ctrl"], non_blocking=True)
+            words.copy_(ex.derived[key], non_blocking=True)
         t1 = time.time()
         while not side.query() and time.time() - t1 < 5:
             time.sleep(0.01)
