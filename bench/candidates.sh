@@ -18,7 +18,7 @@ cd "$(dirname "$0")/.."
 export PYTHONPATH="shared${PYTHONPATH:+:$PYTHONPATH}"
 OUT="${OUT:-out}"
 mkdir -p "$OUT"
-area="${1:?usage: bench/candidates.sh attention|moe|peers|fi|fi10|s9a|s9b|s11a|s11b}"
+area="${1:?usage: bench/candidates.sh attention|moe|peers|fi|fi10|s9a|s9b|s11a}"
 rc=0
 part() {  # part NAME DEADLINE_S CMD...
   local name=$1 cap=$2; shift 2
@@ -100,16 +100,6 @@ case "$area" in
     # kernels of T = 5-8 with shallower rings beside the shipped wgs8_d64_qt, tests, pick (-> engine tests, rows)
     part moe-wgs-st 300 env WG_STEPS=bench,tests,pick WG_TS=8 WG_BENCH_S=90 WG_TEST_S=100 \
       WG_T8=wgs8_d64_qt,wgs8_d64_qt_st3,wgs8_d64_qt_st2 bash bench/moe/run_wg.sh ;;
-  s11b)
-    # session 11: T = 1 in one persistent Gluon launch (gluon_moe_stream, NOTES "Session 11"): a first test, the
-    # timing beside the shipped wg_d64_s2_qt, the per-CTA trace, the whole test file
-    part stream-smoke 90 python3 -m pytest -q -x -p no:cacheprovider --noconftest -o addopts="" \
-      "tests/kernels/test_moe_stream_gpu.py::test_stream_vs_reference[20b-gx2_s8]"
-    part stream-bench 150 env WG_STEPS=bench WG_TS=1 WG_BENCH_S=120 WG_T1=wg_d64_s2_qt,gx1_s20,gx2_s8,gx3_s4 \
-      bash bench/moe/run_wg.sh
-    part stream-trace 90 python3 bench/moe/stream_trace.py --out "$OUT/stream-trace"
-    part stream-tests 240 python3 -m pytest -q -n 3 -p no:cacheprovider --noconftest -o addopts="" \
-      -o faulthandler_timeout=100 tests/kernels/test_moe_stream_gpu.py --junitxml "$OUT/stream-tests/stream-tests.xml" ;;
   fi)
     source bench/peers_install.sh >> "$OUT/candidates.log" 2>&1
     part fi-build "${FI_BUILD_S:-300}" python3 bench/attention/flashinfer_compare.py --out "$OUT/fi-build" --build-only \
@@ -124,7 +114,7 @@ case "$area" in
     # HF transformers at its fastest beside the engine on the same 20B weights (logits at 2048 tokens: cosine and
     # top-1; prefill 8192; decode batch 1 / 64; per-op breakdown), on this commit's defaults
     part peers-hf 240 env PEERS_FI=0 PEERS_HF_S=230 bash bench/peers_run.sh ;;
-  *) echo "unknown area $area (attention|moe|peers|fi|fi10|s9a|s9b|s11a|s11b)"; exit 2 ;;
+  *) echo "unknown area $area (attention|moe|peers|fi|fi10|s9a|s9b|s11a)"; exit 2 ;;
 esac
 sed -i -E "s#$(pwd)/#<repo>/#g; s#/(root|tmp)/[^ :]*#<path>#g" "$OUT/candidates.log"
 echo "candidates $area: rc=$rc" | tee -a "$OUT/candidates.log"

@@ -100,15 +100,6 @@ class SplitTiles:
     # wg kernels with one program per expert slot carrying all its tokens (<= 8) as B columns
     # (``triton_moe_small_wgs``: each weight tile read once per call; needs wg = 2 and wg_hq)
     wg_slots: bool = False
-    # T = 1: the whole MoE in one persistent Gluon launch (``gluon_moe_stream``: each CTA's weight tiles stream
-    # through a TMA ring stream_stages deep, only down's h operand waits for gate_up; h in chunks of stream_segp
-    # down steps; stream_order 0 interleaves the pairs' segments, 1 runs every gate_up segment first). Where that
-    # kernel does not apply (no GPU, shapes), the wg fields above run instead
-    stream: bool = False
-    stream_ctas: int = 1         # CTAs per SM (each walks its own share; more of them hide each one's latencies)
-    stream_stages: int = 20
-    stream_segp: int = 8
-    stream_order: int = 0
 
 
 # Candidate launch configurations (the GPU tests check each; the bench times each at every T).
@@ -198,12 +189,6 @@ VARIANTS = {
 }
 # session 6, CPU only (bench/NOTES.md "MoE decode run 12"; not timed): the FP8 tensor-core kernels at T = 1-2
 VARIANTS.update({name: SplitTiles(**kw, **_R) for name, kw in WG_VARIANTS.items()})
-# session 11 (bench/NOTES.md "Session 11"): T = 1 in one persistent launch (``gluon_moe_stream``), the wg_d64_s2_qt
-# tiles where it does not apply
-VARIANTS.update({"gx1_s20": replace(VARIANTS["wg_d64_s2_qt"], stream=True),
-                 "gx2_s8": replace(VARIANTS["wg_d64_s2_qt"], stream=True, stream_ctas=2, stream_stages=8, stream_segp=4),
-                 "gx3_s4": replace(VARIANTS["wg_d64_s2_qt"], stream=True, stream_ctas=3, stream_stages=4,
-                                   stream_segp=4)})
 # session 7, CPU only (bench/NOTES.md "MoE decode: x16"): MMA tiles with gate_up's products in fp16 (``x16``): the
 # shipped ones of T > 4 and k1_d64_r (T = 2-4 beside the GEMV gate_up defaults)
 VARIANTS.update({f"{name}_x16": replace(VARIANTS[name], x16=True)
@@ -329,12 +314,6 @@ class MoeSplit:
         self.y = torch.empty((self.s2, self.P, H), dtype=torch.float32, device=dev)       # per split, pair
         self.out = torch.empty((T, H), dtype=x.dtype, device=dev)
         self.pdl = t.pdl and self.fused and not interpreting()   # (the interpreter runs no inline asm)
-        self.stream, self.stream_part = None, None   # T = 1 on ``gluon_moe_stream``: its constexprs, scratch
-        if t.stream and x.is_cuda and not interpreting():
-            from .gluon_moe_stream import stream_shape
-
-            self.grid_ctas = torch.cuda.get_device_properties(dev).multi_processor_count * t.stream_ctas
-            self.stream = stream_shape(self, self.grid_ctas)
         self.launch = dict(TOPK=self.k, BM=t.bm, BK_=BK, H16=t.h16, TB=self.tb, PB=self.pb, PLAN=not self.fused,
                            ONE_CHUNK=T <= t.bm, DOT_F32=interpreting(), num_stages=t.stages)
 
@@ -356,10 +335,6 @@ class MoeSplit:
 
     def gate_up(self) -> None:
         ex, t = self.ex, self.tiles
-        if self.stream is not None:   # the whole call
-            from .gluon_moe_stream import launch_stream
-
-            return launch_stream(self, self.stream, self.grid_ctas, SWIGLU_ALPHA)
         w, s, b = ex.gate_up, ex.gate_up_scale, ex.gate_up_bias
         if self.wg:
             return (wgs_gate_up if t.wg_slots else wg_gate_up)(self, SWIGLU_ALPHA, interpreting())
@@ -379,8 +354,6 @@ class MoeSplit:
 
     def down(self) -> None:
         ex, t = self.ex, self.tiles
-        if self.stream is not None:
-            return
         w, s, b = ex.down, ex.down_scale, ex.down_bias
         if self.wg:
             return (wgs_down if t.wg_slots else wg_down)(self, interpreting())
