@@ -84,7 +84,8 @@ WG_VARIANTS = {
                                pdl=True, wg_stages=3, **_WG),
     "wg8_d64_qtp_st2": dict(bn_gate_up=64, bn_down=64, gemv_max_t=8, wg_hq=True, wg_tma=True, pdl=True, wg_stages=2,
                             **_WG),
-    # session 10, CPU only (not yet timed): the same lever on the slot kernels of T = 5-8
+    # the same lever on the slot kernels of T = 5-8 (session 11, bench/NOTES.md "Session 11": lost at T = 8, 20B / 120B
+    # 157.8 / 213.5 (st3), 165.4 / 217.9 (st2) vs wgs8_d64_qt 159.6 / 205.2 us; kept as bench entries)
     "wgs8_d64_qt_st3": dict(bn_gate_up=64, bn_down=64, gemv_max_t=8, wg_hq=True, wg_tma=True, wg_slots=True,
                             wg_stages=3, **_WG),
     "wgs8_d64_qt_st2": dict(bn_gate_up=64, bn_down=64, gemv_max_t=8, wg_hq=True, wg_tma=True, wg_slots=True,
