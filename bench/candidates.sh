@@ -9,6 +9,8 @@
 #   bash bench/candidates.sh peers       the HF transformers peer beside the engine (peers_run.sh, ~240 s)
 #   bash bench/candidates.sh fi          FlashInfer's fa2 / fa3 JIT builds alone, into .fi-ws (carry .whl; run it
 #                                        right before bench/closing_call.sh on the same warm machine, which then loads them)
+#   bash bench/candidates.sh tables      the issues' target tables at one commit (shipped kernels only, FlashInfer
+#                                        fa2 / fa3 and SDPA on the whole decode grid; carry .whl): bench/targets_table.py
 # Each part runs in its own $OUT/<part> folder under its own deadline; at the end every part's files are
 # packed into $OUT/<part>.tgz (at most 8 files come back from a call: candidates.log and one .tgz a part).
 # Carry .devmeta (git rev-parse HEAD > .devmeta/commit). Decision rules: bench/NOTES.md, per candidate;
@@ -18,7 +20,7 @@ cd "$(dirname "$0")/.."
 export PYTHONPATH="shared${PYTHONPATH:+:$PYTHONPATH}"
 OUT="${OUT:-out}"
 mkdir -p "$OUT"
-area="${1:?usage: bench/candidates.sh attention|moe|peers|fi|fi10|s9a|s9b|s11a}"
+area="${1:?usage: bench/candidates.sh attention|moe|peers|fi|fi10|s9a|s9b|s11a|tables}"
 rc=0
 part() {  # part NAME DEADLINE_S CMD...
   local name=$1 cap=$2; shift 2
@@ -100,6 +102,28 @@ case "$area" in
     # kernels of T = 5-8 with shallower rings beside the shipped wgs8_d64_qt, tests, pick (-> engine tests, rows)
     part moe-wgs-st 300 env WG_STEPS=bench,tests,pick WG_TS=8 WG_BENCH_S=90 WG_TEST_S=100 \
       WG_T8=wgs8_d64_qt,wgs8_d64_qt_st3,wgs8_d64_qt_st2 bash bench/moe/run_wg.sh ;;
+  tables)
+    # the issue-5 / issue-6 target tables at one commit, one call (~420 s warm; carry .whl, .devmeta): FlashInfer's
+    # JIT builds (niced) while the GPU times the shipped decode-MoE tiles at T = 1-64, the MoE prefill layer (both
+    # routings, 20B and 120B), the dense FP8 linears and the window layer (graphs vs the QKVO floor); then FlashInfer
+    # fa2 / fa3 and SDPA beside ours on the whole decode grid (B 1-256 x 1k-128k) and prefill 8k / 32k / 128k.
+    # python3 bench/targets_table.py <the files> turns them into the tables of the closing notes
+    source bench/peers_install.sh >> "$OUT/candidates.log" 2>&1
+    mkdir -p "$OUT/fi-build"
+    nice -n 19 timeout -k 5 "${FI_BUILD_S:-300}" python3 bench/attention/flashinfer_compare.py --out "$OUT/fi-build" \
+      --build-only --budget-s "${FI_BUILD_S:-300}" --build-s $(( ${FI_BUILD_S:-300} - 10 )) --jit-workers 8 \
+      > "$OUT/fi-build/build.log" 2>&1 &
+    fi_pid=$!
+    part moe-small 130 python3 bench/moe/bench_small.py --out "$OUT/moe-small" --shipped --jobs 8
+    part moe-gluon 100 python3 bench/moe/bench_gluon.py --out "$OUT/moe-gluon" --experts 128,32 --variants op \
+      --balanced-variants op
+    part linear 60 python3 bench/moe/bench_kernels.py --out "$OUT/linear" --sections ceilings,linear --quick
+    part window 60 python3 bench/attention/gluon_window_bench.py --out "$OUT/window" --configs pk3s
+    wait "$fi_pid"; echo "FlashInfer builds rc=$? ($(date -u +%H:%M:%S))" | tee -a "$OUT/candidates.log"
+    tail -n 6 "$OUT/fi-build/build.log" >> "$OUT/candidates.log"
+    tar czf "$OUT/fi-build.tgz" -C "$OUT" fi-build && rm -rf "$OUT/fi-build"
+    part fi-compare "${FI_S:-200}" python3 bench/attention/flashinfer_compare.py --out "$OUT/fi-compare" \
+      --budget-s $(( ${FI_S:-200} - 15 )) --build-s 60 --decode all ;;
   fi)
     source bench/peers_install.sh >> "$OUT/candidates.log" 2>&1
     part fi-build "${FI_BUILD_S:-300}" python3 bench/attention/flashinfer_compare.py --out "$OUT/fi-build" --build-only \
@@ -114,7 +138,7 @@ case "$area" in
     # HF transformers at its fastest beside the engine on the same 20B weights (logits at 2048 tokens: cosine and
     # top-1; prefill 8192; decode batch 1 / 64; per-op breakdown), on this commit's defaults
     part peers-hf 240 env PEERS_FI=0 PEERS_HF_S=230 bash bench/peers_run.sh ;;
-  *) echo "unknown area $area (attention|moe|peers|fi|fi10|s9a|s9b|s11a)"; exit 2 ;;
+  *) echo "unknown area $area (attention|moe|peers|fi|fi10|s9a|s9b|s11a|tables)"; exit 2 ;;
 esac
 sed -i -E "s#$(pwd)/#<repo>/#g; s#/(root|tmp)/[^ :]*#<path>#g" "$OUT/candidates.log"
 echo "candidates $area: rc=$rc" | tee -a "$OUT/candidates.log"

@@ -2,9 +2,10 @@
 ``VARIANTS``) vs the aligned small-M path of ``triton_moe`` (``MoeRun(small=True)``: 3 align launches,
 gate_up, down, combine). (Runs 1-4 also timed session 2's two-launch path, removed after run 4.)
 
-    PYTHONPATH=shared python bench/moe/bench_small.py --out DIR [--quick] [--jobs N] [--floor]
+    PYTHONPATH=shared python bench/moe/bench_small.py --out DIR [--quick] [--jobs N] [--floor] [--shipped]
     (MOE_SMALL_VARIANTS=bn64,bn128 times only those split-K candidates at T <= 8,
-     MOE_SMALL_BIG_VARIANTS those at T >= 16: default every candidate at every T)
+     MOE_SMALL_BIG_VARIANTS those at T >= 16: default every candidate at every T; --shipped: only what the
+     registered op runs at each T and E, beside the aligned path)
 
 ``--floor`` first measures what a T = 1 call cannot beat here (``floor_small.py``: two empty launches,
 pure reads of the same weight bytes with the same grid shape), rows ``section=floor``.
@@ -36,6 +37,7 @@ from common import COPY_TBS, Results, graph_us, median_ms, random_experts  # noq
 from dayzero.kernels.triton_moe import MoeRun  # noqa: E402
 from dayzero.kernels.triton_moe_small_split import VARIANTS, MoeSplit  # noqa: E402
 from dayzero.kernels.triton_moe_small_split import default_tiles as split_default  # noqa: E402
+from dayzero.kernels.triton_moe_small_split import takes_split  # noqa: E402
 
 H = I = 2880
 K_TOP = 4
@@ -66,6 +68,14 @@ def routings(T: int, E: int, seed: int) -> list[tuple[torch.Tensor, torch.Tensor
         prev = torch.unique(ids)
         first = prev if first is None else first
     return out
+
+
+def shipped_variant(T: int, E: int) -> str:
+    """The bench name of what the registered op runs for T tokens over E local experts."""
+    if not takes_split(T * K_TOP, E):
+        return "old_small"
+    tiles = split_default(T * K_TOP, E)
+    return "split_" + next(n for n, t in VARIANTS.items() if t == tiles)
 
 
 def makers(T: int, E: int, ex) -> dict:
@@ -133,7 +143,7 @@ def sweep(res: Results, E: int, Ts, out_dir: str) -> None:
         mb = touched * per_expert / 1e6
         base = dict(E=E, T=T, experts_touched=touched, mb_touched=round(mb, 1),
                     floor_us=mb / COPY_TBS, target_us=mb / (0.7 * COPY_TBS))
-        default = next((n for n, t in VARIANTS.items() if t == split_default(T * K_TOP, E)), "")
+        shipped = shipped_variant(T, E)
         for name, make in makers(T, E, ex).items():
             try:
                 runs = [make(x, w, i) for x, (w, i) in zip(xs, routes)]
@@ -143,8 +153,8 @@ def sweep(res: Results, E: int, Ts, out_dir: str) -> None:
                 continue
             extra = dict(splits=[runs[0].s1, runs[0].s2], fused=runs[0].fused) if name.startswith("split_") else {}
             res.add(section="small_graph", variant=name, us=us, tbs=mb / us, frac_copy=mb / us / COPY_TBS,
-                    **extra, **base)
-            if name in (f"split_{default}", "old_small"):
+                    shipped=name == shipped, **extra, **base)
+            if name in (shipped, "old_small"):
                 res.add(section="small_eager", variant=name, us_host_bound=median_ms(runs[0]) * 1e3, **base)
             if name.startswith("split_") and T <= 2:  # per-stage GPU time, each stage alone in its graph
                 for stage in ("plan", "gate_up", "down", "combine"):
@@ -171,6 +181,8 @@ def main() -> int:
     ap.add_argument("--ts", default="", help="token counts to time, e.g. 1,2 (default: all, or --quick's)")
     ap.add_argument("--jobs", type=int, default=14, help="compile worker processes (0: compile while timing)")
     ap.add_argument("--floor", action="store_true", help="first the T = 1 floor (floor_small.py)")
+    ap.add_argument("--shipped", action="store_true",
+                    help="time only the tiles the registered op picks (at E = 32 and 128) beside the aligned path")
     args = ap.parse_args()
     res = Results("moe-small")
     a = torch.empty(1 << 30, dtype=torch.uint8, device=DEV)
@@ -180,6 +192,10 @@ def main() -> int:
     del a, b
     Ts = tuple(int(t) for t in args.ts.split(",")) if args.ts else (1, 4, 16, 64) if args.quick else \
         (1, 2, 4, 8, 16, 32, 64)
+    if args.shipped:   # through the environment, so the compile workers (spawned) see the same selection
+        for T in Ts:
+            os.environ[f"MOE_SMALL_VARIANTS_T{T}"] = ",".join(
+                sorted({shipped_variant(T, E).removeprefix("split_") for E in (32, 128)}))
     if args.jobs:
         # E = 128 launches the same kernels as E = 32 (no constexpr depends on E): compiled once
         jobs = [(32, 0)] if args.floor else []
