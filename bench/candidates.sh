@@ -140,6 +140,6 @@ case "$area" in
     part peers-hf 240 env PEERS_FI=0 PEERS_HF_S=230 bash bench/peers_run.sh ;;
   *) echo "unknown area $area (attention|moe|peers|fi|fi10|s9a|s9b|s11a|tables)"; exit 2 ;;
 esac
-sed -i -E "s#$(pwd)/#<repo>/#g; s#/(root|tmp)/[^ :]*#<path>#g" "$OUT/candidates.log"
+sed -i -E "s#$(pwd)/#<repo>/#g; s#/(root|tmp|opt|work)/[^ :]*#<path>#g" "$OUT/candidates.log"
 echo "candidates $area: rc=$rc" | tee -a "$OUT/candidates.log"
 exit $rc
