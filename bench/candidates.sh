@@ -34,19 +34,26 @@ part() {  # part NAME DEADLINE_S CMD...
   [ "$r" = 0 ] || rc=1
   tar czf "$OUT/$name.tgz" -C "$OUT" "$name" && rm -rf "${OUT:?}/$name"
 }
+fi_build_start() {  # fi_build_start CAP_S WORKERS: FlashInfer's fa2 / fa3 JIT builds into .fi-ws in the background
+  # (niced under the GPU parts; carry .whl); FI_BUILD_S overrides the cap
+  local cap=${FI_BUILD_S:-$1}
+  source bench/peers_install.sh >> "$OUT/candidates.log" 2>&1
+  mkdir -p "$OUT/fi-build"
+  nice -n 19 timeout -k 5 "$cap" python3 bench/attention/flashinfer_compare.py --out "$OUT/fi-build" --build-only \
+    --budget-s "$cap" --build-s $(( cap - 10 )) --jit-workers "$2" > "$OUT/fi-build/build.log" 2>&1 &
+  fi_pid=$!
+}
+fi_build_wait() {
+  wait "$fi_pid"; echo "FlashInfer builds rc=$? ($(date -u +%H:%M:%S))" | tee -a "$OUT/candidates.log"
+  tail -n 6 "$OUT/fi-build/build.log" >> "$OUT/candidates.log"
+  tar czf "$OUT/fi-build.tgz" -C "$OUT" fi-build && rm -rf "$OUT/fi-build"
+}
 case "$area" in
   attention)
     # FlashInfer's JIT builds (fa2 / fa3, causal and window 128) in the background meanwhile, into the repository's
     # .fi-ws (kept on a warm machine; niced under the candidates): the closing call's same-run comparison then loads them (.whl carried)
     fi_pid=""
-    if ls .whl/*.whl >/dev/null 2>&1; then
-      source bench/peers_install.sh >> "$OUT/candidates.log" 2>&1
-      mkdir -p "$OUT/fi-build"
-      nice -n 19 timeout -k 5 "${FI_BUILD_S:-380}" python3 bench/attention/flashinfer_compare.py --out "$OUT/fi-build" --build-only \
-        --budget-s "${FI_BUILD_S:-380}" --build-s $(( ${FI_BUILD_S:-380} - 10 )) --jit-workers 4 \
-        > "$OUT/fi-build/build.log" 2>&1 &
-      fi_pid=$!
-    fi
+    if ls .whl/*.whl >/dev/null 2>&1; then fi_build_start 380 4; fi
     part decode-tma 145 bash bench/attention/run_s6b.sh
     part window-ring 200 env GLUON_WINDOW_CONFIGS=pk3s,pk3sr,pk3sr6,pk3sr3d,pk3s3d \
       GLUON_WINDOW_REG_CFGS=pk3s,pk3sr,pk3sr6 GLUON_WINDOW_DIAG=pkL3,pkLr,pkL33d,pk3s_ns \
@@ -54,11 +61,7 @@ case "$area" in
     # small-M dense linear (decode q/k/v, o, lm_head): the product modes of session 7 (bf16 shipped, dot16, swap),
     # bench_gemv.py --sweep modes, then tests/kernels/test_gemv_gpu.py
     part gemv 170 bash bench/linear/run.sh
-    if [ -n "$fi_pid" ]; then
-      wait "$fi_pid"; echo "FlashInfer builds rc=$? ($(date -u +%H:%M:%S))" | tee -a "$OUT/candidates.log"
-      tail -n 6 "$OUT/fi-build/build.log" >> "$OUT/candidates.log"
-      tar czf "$OUT/fi-build.tgz" -C "$OUT" fi-build && rm -rf "$OUT/fi-build"
-    fi ;;
+    if [ -n "$fi_pid" ]; then fi_build_wait; fi ;;
   s9a)
     # session 9: decode attention loads before the PDL wait (EARLY_KV / EARLY_TRIGGER presets; NOTES "Session 9,
     # lead"), then the window ring with the consumers' group waits fixed (NOTES "Session 9, helper: the window ring")
@@ -86,17 +89,10 @@ case "$area" in
     # session 10's closing pair, first call: FlashInfer's fa2 / fa3 JIT builds into .fi-ws (niced, carry .whl) while
     # the decode-MoE tiles run on the GPU: the new defaults (T = 2 wg2_d64_s2_qtp_st3, 20B T = 4 wg8_d64_qtp_st2)
     # beside the tiles they replaced, at T = 1, 2, 4, 8 (the session's issue-6 decode table); then bench/closing_call.sh
-    source bench/peers_install.sh >> "$OUT/candidates.log" 2>&1
-    mkdir -p "$OUT/fi-build"
-    nice -n 19 timeout -k 5 "${FI_BUILD_S:-300}" python3 bench/attention/flashinfer_compare.py --out "$OUT/fi-build" \
-      --build-only --budget-s "${FI_BUILD_S:-300}" --build-s $(( ${FI_BUILD_S:-300} - 10 )) --jit-workers 8 \
-      > "$OUT/fi-build/build.log" 2>&1 &
-    fi_pid=$!
+    fi_build_start 300 8
     part moe-confirm 200 env WG_STEPS=bench WG_BENCH_S=150 WG_T2=wg2_d64_s2_qtp_st3,wg2_d64_s2_qtp \
       WG_T4=wg8_d64_qtp_st2,wg8_d64_qtp bash bench/moe/run_wg.sh
-    wait "$fi_pid"; echo "FlashInfer builds rc=$? ($(date -u +%H:%M:%S))" | tee -a "$OUT/candidates.log"
-    tail -n 6 "$OUT/fi-build/build.log" >> "$OUT/candidates.log"
-    tar czf "$OUT/fi-build.tgz" -C "$OUT" fi-build && rm -rf "$OUT/fi-build" ;;
+    fi_build_wait ;;
   s11a)
     # built in session 10 after the device time (NOTES "Session 10, lead (CPU only, after the device time)"): the slot
     # kernels of T = 5-8 with shallower rings beside the shipped wgs8_d64_qt, tests, pick (-> engine tests, rows)
@@ -108,20 +104,13 @@ case "$area" in
     # routings, 20B and 120B), the dense FP8 linears and the window layer (graphs vs the QKVO floor); then FlashInfer
     # fa2 / fa3 and SDPA beside ours on the whole decode grid (B 1-256 x 1k-128k) and prefill 8k / 32k / 128k.
     # python3 bench/targets_table.py <the files> turns them into the tables of the closing notes
-    source bench/peers_install.sh >> "$OUT/candidates.log" 2>&1
-    mkdir -p "$OUT/fi-build"
-    nice -n 19 timeout -k 5 "${FI_BUILD_S:-300}" python3 bench/attention/flashinfer_compare.py --out "$OUT/fi-build" \
-      --build-only --budget-s "${FI_BUILD_S:-300}" --build-s $(( ${FI_BUILD_S:-300} - 10 )) --jit-workers 8 \
-      > "$OUT/fi-build/build.log" 2>&1 &
-    fi_pid=$!
+    fi_build_start 300 8
     part moe-small 130 python3 bench/moe/bench_small.py --out "$OUT/moe-small" --shipped --jobs 8
     part moe-gluon 100 python3 bench/moe/bench_gluon.py --out "$OUT/moe-gluon" --experts 128,32 --variants op \
       --balanced-variants op
     part linear 60 python3 bench/moe/bench_kernels.py --out "$OUT/linear" --sections ceilings,linear --quick
     part window 60 python3 bench/attention/gluon_window_bench.py --out "$OUT/window" --configs pk3s
-    wait "$fi_pid"; echo "FlashInfer builds rc=$? ($(date -u +%H:%M:%S))" | tee -a "$OUT/candidates.log"
-    tail -n 6 "$OUT/fi-build/build.log" >> "$OUT/candidates.log"
-    tar czf "$OUT/fi-build.tgz" -C "$OUT" fi-build && rm -rf "$OUT/fi-build"
+    fi_build_wait
     part fi-compare "${FI_S:-200}" python3 bench/attention/flashinfer_compare.py --out "$OUT/fi-compare" \
       --budget-s $(( ${FI_S:-200} - 15 )) --build-s 60 --decode all ;;
   fi)
