@@ -99,7 +99,7 @@ case "$area" in
     part moe-wgs-st 300 env WG_STEPS=bench,tests,pick WG_TS=8 WG_BENCH_S=90 WG_TEST_S=100 \
       WG_T8=wgs8_d64_qt,wgs8_d64_qt_st3,wgs8_d64_qt_st2 bash bench/moe/run_wg.sh ;;
   tables)
-    # the issue-5 / issue-6 target tables at one commit, one call (~420 s warm; carry .whl, .devmeta): FlashInfer's
+    # the issue-5 / issue-6 target tables at one commit, one call (326 s from a cold start in session 12; carry .whl, .devmeta): FlashInfer's
     # JIT builds (niced) while the GPU times the shipped decode-MoE tiles at T = 1-64, the MoE prefill layer (both
     # routings, 20B and 120B), the dense FP8 linears and the window layer (graphs vs the QKVO floor); then FlashInfer
     # fa2 / fa3 and SDPA beside ours on the whole decode grid (B 1-256 x 1k-128k) and prefill 8k / 32k / 128k.

@@ -63,6 +63,15 @@ def shipped_decode_moe(case: str) -> str | None:
     return "split_" + names.get(id(default_tiles(4 * t, e)), "?")
 
 
+def files_of(args: list[str]) -> list[pathlib.Path]:
+    """The .json / .tgz files named, or found under the folders named."""
+    files = []
+    for a in args:
+        p = pathlib.Path(a)
+        files += sorted([*p.rglob("*.json"), *p.rglob("*.tgz")]) if p.is_dir() else [p]
+    return files
+
+
 def summarise(rows: list[dict]) -> dict[str, dict[str, dict[str, float]]]:
     """kind -> case -> implementation -> best time (us) over its rows."""
     out: dict = defaultdict(lambda: defaultdict(dict))
@@ -99,12 +108,8 @@ def main(argv: list[str]) -> int:
     if not argv:
         print(__doc__)
         return 2
-    files = []
-    for a in argv:
-        p = pathlib.Path(a)
-        files += sorted([*p.rglob("*.json"), *p.rglob("*.tgz")]) if p.is_dir() else [p]
     rows, unknown = [], []
-    for f in files:
+    for f in files_of(argv):
         try:
             docs = docs_of(f)
         except (OSError, ValueError, tarfile.TarError) as e:

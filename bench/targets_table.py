@@ -12,13 +12,14 @@ Reads JSON only: no torch, no GPU.
 
 from __future__ import annotations
 
+import argparse
 import json
 import pathlib
 import sys
 from dataclasses import asdict, dataclass
 
 sys.path.insert(0, str(pathlib.Path(__file__).resolve().parent))
-from candidates_summary import docs_of, rows_of_doc  # noqa: E402
+from candidates_summary import docs_of, files_of, rows_of_doc  # noqa: E402
 
 COPY_TBS = 4.26             # the H200 copy ceiling the issues measure bandwidth against
 MODEL_OF_E = {32: "20B", 128: "120B"}
@@ -44,13 +45,11 @@ def _commit(doc) -> str:
 def load(paths: list[str]) -> list[tuple[dict, str]]:
     """(row, commit of its file) for every row of every JSON file / .tgz member under ``paths``."""
     out = []
-    for a in paths:
-        p = pathlib.Path(a)
-        for f in sorted([*p.rglob("*.json"), *p.rglob("*.tgz")]) if p.is_dir() else [p]:
-            for _, doc in docs_of(f):
-                commit = _commit(doc)
-                model = doc.get("meta", {}).get("model") if isinstance(doc, dict) else None   # dayzero bench's files
-                out += [({"model": model, **r}, commit) for r in rows_of_doc(doc) if isinstance(r, dict)]
+    for f in files_of(paths):
+        for _, doc in docs_of(f):
+            commit = _commit(doc)
+            model = doc.get("meta", {}).get("model") if isinstance(doc, dict) else None   # dayzero bench's files
+            out += [({"model": model, **r}, commit) for r in rows_of_doc(doc) if isinstance(r, dict)]
     return out
 
 
@@ -145,18 +144,15 @@ def render(checks: list[Check], engine: list[str]) -> str:
 
 
 def main(argv: list[str]) -> int:
-    if not argv:
-        print(__doc__)
-        return 2
-    json_out = None
-    if "--json" in argv:
-        i = argv.index("--json")
-        json_out, argv = argv[i + 1], argv[:i] + argv[i + 2:]
-    rows = load(argv)
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("paths", nargs="+", help=".json files, candidates.sh's .tgz files, or folders of them")
+    ap.add_argument("--json", help="also write the checks here")
+    a = ap.parse_args(argv)
+    rows = load(a.paths)
     checks = attention_checks(rows) + moe_checks(rows)
     print(render(checks, engine_rows(rows)))
-    if json_out:
-        pathlib.Path(json_out).write_text(json.dumps([asdict(ch) for ch in checks], indent=1) + "\n")
+    if a.json:
+        pathlib.Path(a.json).write_text(json.dumps([asdict(ch) for ch in checks], indent=1) + "\n")
     return 0
 
 
